@@ -1,0 +1,259 @@
+use arrow::array::{
+    Array, AsArray, FixedSizeBinaryArray, Int64Array, ListArray, RecordBatch, StringArray,
+    UInt64Array,
+};
+use arrow::datatypes::Int64Type;
+use bytes::Bytes;
+use fathom_model::{Function, Id, Labels, Line, Location, Mapping, Stack, Symbols};
+use object_store::ObjectStoreExt;
+use object_store::ObjectStore;
+use object_store::path::Path;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::meta::{BlockMeta, FORMAT_VERSION};
+use crate::schema::{ProfileRow, SeriesRow};
+use crate::{Error, Result, block_file, files};
+
+/// Reads and checks a block's `meta.json`; `Ok(None)` when it is absent
+/// (the block does not exist, or its upload has not finished).
+pub async fn read_meta(
+    store: &dyn ObjectStore,
+    tenant: &str,
+    block_id: &str,
+) -> Result<Option<BlockMeta>> {
+    let bytes = match store
+        .get(&block_file(tenant, block_id, files::META))
+        .await
+    {
+        Ok(r) => r.bytes().await?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let meta: BlockMeta = serde_json::from_slice(&bytes).map_err(|e| Error::Meta {
+        block: block_id.to_owned(),
+        source: e,
+    })?;
+    if meta.format_version > FORMAT_VERSION {
+        return Err(Error::Version {
+            block: block_id.to_owned(),
+            found: meta.format_version,
+        });
+    }
+    Ok(Some(meta))
+}
+
+/// Every complete block of every tenant, by listing the bucket. Used at
+/// start-up to build the block index; never on the query path.
+pub async fn list_blocks(store: &dyn ObjectStore) -> Result<Vec<BlockMeta>> {
+    let mut out = Vec::new();
+    let tenants = store.list_with_delimiter(None).await?;
+    for t in tenants.common_prefixes {
+        let Some(tenant) = t.filename().map(str::to_owned) else {
+            continue;
+        };
+        let blocks = store
+            .list_with_delimiter(Some(&Path::from(format!("{tenant}/blocks"))))
+            .await?;
+        for b in blocks.common_prefixes {
+            let Some(id) = b.filename() else { continue };
+            if let Some(meta) = read_meta(store, &tenant, id).await? {
+                out.push(meta);
+            }
+        }
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}
+
+async fn read_file(
+    store: &dyn ObjectStore,
+    meta: &BlockMeta,
+    file: &'static str,
+) -> Result<Vec<RecordBatch>> {
+    let bytes: Bytes = store
+        .get(&block_file(&meta.tenant, &meta.id, file))
+        .await?
+        .bytes()
+        .await?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+    Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
+fn corrupt(meta: &BlockMeta, file: &'static str, what: impl Into<String>) -> Error {
+    Error::Corrupt {
+        block: meta.id.clone(),
+        file,
+        what: what.into(),
+    }
+}
+
+fn col<'a, T: 'static>(
+    b: &'a RecordBatch,
+    i: usize,
+    meta: &BlockMeta,
+    file: &'static str,
+) -> Result<&'a T> {
+    b.columns()
+        .get(i)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
+        .ok_or_else(|| corrupt(meta, file, format!("column {i} has an unexpected type")))
+}
+
+fn id_at(a: &FixedSizeBinaryArray, i: usize) -> Id {
+    Id::from_slice(a.value(i)).unwrap_or(Id::ZERO)
+}
+
+fn ids_of(list: &ListArray, i: usize) -> Vec<Id> {
+    let v = list.value(i);
+    match v.as_fixed_size_binary_opt() {
+        Some(a) => (0..a.len()).map(|j| id_at(a, j)).collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The series of a block.
+pub async fn read_series(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<Vec<SeriesRow>> {
+    let f = files::SERIES;
+    let mut out = Vec::new();
+    for b in read_file(store, meta, f).await? {
+        let id = col::<FixedSizeBinaryArray>(&b, 0, meta, f)?;
+        let pt = col::<StringArray>(&b, 1, meta, f)?;
+        let labels = col::<StringArray>(&b, 3, meta, f)?;
+        let min = col::<Int64Array>(&b, 4, meta, f)?;
+        let max = col::<Int64Array>(&b, 5, meta, f)?;
+        for i in 0..b.num_rows() {
+            let map: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(labels.value(i))
+                    .map_err(|e| corrupt(meta, f, format!("labels: {e}")))?;
+            let labels = Labels::from_pairs(
+                map.into_iter()
+                    .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_owned())),
+            )
+            .map_err(|e| corrupt(meta, f, e.to_string()))?;
+            out.push(SeriesRow {
+                series_id: id_at(id, i),
+                profile_type: pt
+                    .value(i)
+                    .parse()
+                    .map_err(|e: fathom_model::ProfileTypeError| corrupt(meta, f, e.to_string()))?,
+                labels,
+                min_time_nanos: min.value(i),
+                max_time_nanos: max.value(i),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The profile headers of a block.
+pub async fn read_profiles(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<Vec<ProfileRow>> {
+    let f = files::PROFILES;
+    let mut out = Vec::new();
+    for b in read_file(store, meta, f).await? {
+        let pid = col::<FixedSizeBinaryArray>(&b, 0, meta, f)?;
+        let sid = col::<FixedSizeBinaryArray>(&b, 1, meta, f)?;
+        let t = col::<Int64Array>(&b, 2, meta, f)?;
+        let d = col::<Int64Array>(&b, 3, meta, f)?;
+        let p = col::<Int64Array>(&b, 4, meta, f)?;
+        let n = col::<UInt64Array>(&b, 5, meta, f)?;
+        for i in 0..b.num_rows() {
+            out.push(ProfileRow {
+                profile_id: id_at(pid, i),
+                series_id: id_at(sid, i),
+                time_nanos: t.value(i),
+                duration_nanos: d.value(i),
+                period: p.value(i),
+                samples: n.value(i),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The whole symbol table of a block.
+pub async fn read_symbols(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<Symbols> {
+    let mut s = Symbols::default();
+    let f = files::FUNCTIONS;
+    for b in read_file(store, meta, f).await? {
+        let id = col::<FixedSizeBinaryArray>(&b, 0, meta, f)?;
+        let name = col::<StringArray>(&b, 1, meta, f)?;
+        let sys = col::<StringArray>(&b, 2, meta, f)?;
+        let file = col::<StringArray>(&b, 3, meta, f)?;
+        let line = col::<Int64Array>(&b, 4, meta, f)?;
+        for i in 0..b.num_rows() {
+            s.functions.insert(
+                id_at(id, i),
+                Function {
+                    name: name.value(i).to_owned(),
+                    system_name: sys.value(i).to_owned(),
+                    filename: file.value(i).to_owned(),
+                    start_line: line.value(i),
+                },
+            );
+        }
+    }
+    let f = files::MAPPINGS;
+    for b in read_file(store, meta, f).await? {
+        let id = col::<FixedSizeBinaryArray>(&b, 0, meta, f)?;
+        let start = col::<UInt64Array>(&b, 1, meta, f)?;
+        let limit = col::<UInt64Array>(&b, 2, meta, f)?;
+        let off = col::<UInt64Array>(&b, 3, meta, f)?;
+        let file = col::<StringArray>(&b, 4, meta, f)?;
+        let build = col::<StringArray>(&b, 5, meta, f)?;
+        for i in 0..b.num_rows() {
+            s.mappings.insert(
+                id_at(id, i),
+                Mapping {
+                    memory_start: start.value(i),
+                    memory_limit: limit.value(i),
+                    file_offset: off.value(i),
+                    filename: file.value(i).to_owned(),
+                    build_id: build.value(i).to_owned(),
+                },
+            );
+        }
+    }
+    let f = files::LOCATIONS;
+    for b in read_file(store, meta, f).await? {
+        let id = col::<FixedSizeBinaryArray>(&b, 0, meta, f)?;
+        let mapping = col::<FixedSizeBinaryArray>(&b, 1, meta, f)?;
+        let addr = col::<UInt64Array>(&b, 2, meta, f)?;
+        let fns = col::<ListArray>(&b, 3, meta, f)?;
+        let lines = col::<ListArray>(&b, 4, meta, f)?;
+        for i in 0..b.num_rows() {
+            let fids = ids_of(fns, i);
+            let nums = lines.value(i);
+            let nums = nums.as_primitive_opt::<Int64Type>();
+            let lines = fids
+                .iter()
+                .enumerate()
+                .map(|(j, f)| Line {
+                    function: *f,
+                    line: nums.map(|n| n.value(j)).unwrap_or(0),
+                })
+                .collect();
+            s.locations.insert(
+                id_at(id, i),
+                Location {
+                    mapping: id_at(mapping, i),
+                    address: addr.value(i),
+                    lines,
+                },
+            );
+        }
+    }
+    let f = files::STACKS;
+    for b in read_file(store, meta, f).await? {
+        let id = col::<FixedSizeBinaryArray>(&b, 0, meta, f)?;
+        let locs = col::<ListArray>(&b, 1, meta, f)?;
+        for i in 0..b.num_rows() {
+            s.stacks.insert(
+                id_at(id, i),
+                Stack {
+                    locations: ids_of(locs, i),
+                },
+            );
+        }
+    }
+    Ok(s)
+}

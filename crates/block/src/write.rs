@@ -1,0 +1,385 @@
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayBuilder,
+    ArrayRef, FixedSizeBinaryBuilder, Int64Array, Int64Builder, ListBuilder, RecordBatch,
+    StringArray, UInt64Array,
+};
+use arrow::datatypes::SchemaRef;
+use bytes::Bytes;
+use fathom_model::{Id, Profile, SERVICE_NAME, Symbols};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::metadata::SortingColumn;
+
+use crate::meta::{BlockMeta, BlockStats, FORMAT_VERSION};
+use crate::schema::*;
+use crate::{Result, block_file, files};
+
+/// Appends samples of profiles as rows in [`samples_schema`] order.
+pub struct SamplesBuilder {
+    series: FixedSizeBinaryBuilder,
+    time: Int64Builder,
+    profile: FixedSizeBinaryBuilder,
+    stack: FixedSizeBinaryBuilder,
+    value: Int64Builder,
+}
+
+impl Default for SamplesBuilder {
+    fn default() -> Self {
+        Self::with_capacity(0)
+    }
+}
+
+impl SamplesBuilder {
+    pub fn with_capacity(n: usize) -> Self {
+        SamplesBuilder {
+            series: FixedSizeBinaryBuilder::with_capacity(n, 16),
+            time: Int64Builder::with_capacity(n),
+            profile: FixedSizeBinaryBuilder::with_capacity(n, 16),
+            stack: FixedSizeBinaryBuilder::with_capacity(n, 16),
+            value: Int64Builder::with_capacity(n),
+        }
+    }
+
+    /// Appends one row.
+    pub fn push(&mut self, series: &Id, time: i64, profile: &Id, stack: &Id, value: i64) {
+        // The builders are 16 bytes wide and ids are 16 bytes: cannot fail.
+        let _ = self.series.append_value(series.0);
+        self.time.append_value(time);
+        let _ = self.profile.append_value(profile.0);
+        let _ = self.stack.append_value(stack.0);
+        self.value.append_value(value);
+    }
+
+    /// Appends every sample of `p`, stacks in id order.
+    pub fn push_profile(&mut self, p: &Profile) {
+        let sid = p.series_id();
+        let mut samples = p.samples.clone();
+        samples.sort_unstable_by_key(|s| s.stack);
+        for s in &samples {
+            self.push(&sid, p.time_nanos, &p.id, &s.stack, s.value);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.time.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn finish(mut self) -> RecordBatch {
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(self.series.finish()),
+            Arc::new(self.time.finish()),
+            Arc::new(self.profile.finish()),
+            Arc::new(self.stack.finish()),
+            Arc::new(self.value.finish()),
+        ];
+        // Columns match the schema by construction.
+        RecordBatch::try_new(samples_schema(), cols).expect("samples batch matches its schema")
+    }
+}
+
+/// Everything one block holds, before encoding.
+pub struct BlockData {
+    pub tenant: String,
+    pub source: String,
+    pub level: u32,
+    pub compacted_from: Vec<String>,
+    pub series: Vec<SeriesRow>,
+    pub profiles: Vec<ProfileRow>,
+    /// Sample rows in [`samples_schema`]; need not be sorted.
+    pub samples: Vec<RecordBatch>,
+    pub symbols: Symbols,
+}
+
+fn props(sorting: Option<Vec<SortingColumn>>) -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
+        .set_dictionary_enabled(true)
+        // Large dictionaries keep 16-byte ids dictionary-encoded.
+        .set_dictionary_page_size_limit(64 << 20)
+        .set_max_row_group_row_count(Some(1 << 20))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_sorting_columns(sorting)
+        .build()
+}
+
+fn to_parquet(
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+    sorting: Option<Vec<SortingColumn>>,
+) -> Result<Bytes> {
+    let mut buf = Vec::new();
+    let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props(sorting)))?;
+    for b in batches {
+        w.write(b)?;
+    }
+    w.close()?;
+    Ok(Bytes::from(buf))
+}
+
+fn ids<'a>(it: impl Iterator<Item = &'a Id>) -> ArrayRef {
+    let mut b = FixedSizeBinaryBuilder::new(16);
+    for id in it {
+        let _ = b.append_value(id.0);
+    }
+    Arc::new(b.finish())
+}
+
+fn id_lists<'a>(it: impl Iterator<Item = Vec<&'a Id>>) -> ArrayRef {
+    let mut b = ListBuilder::new(FixedSizeBinaryBuilder::new(16))
+        .with_field(Arc::new(arrow::datatypes::Field::new("item", ID, false)));
+    for list in it {
+        for id in list {
+            let _ = b.values().append_value(id.0);
+        }
+        b.append(true);
+    }
+    Arc::new(b.finish())
+}
+
+fn strings<'a>(it: impl Iterator<Item = &'a str>) -> ArrayRef {
+    Arc::new(StringArray::from_iter_values(it))
+}
+
+/// Sorts sample batches by (series_id, time_nanos, profile_id, stack_id).
+fn sort_samples(batches: &[RecordBatch]) -> Result<RecordBatch> {
+    let schema = samples_schema();
+    let all = arrow::compute::concat_batches(&schema, batches)?;
+    let cols = [0usize, 1, 2, 3]
+        .iter()
+        .map(|&i| arrow::compute::SortColumn {
+            values: all.column(i).clone(),
+            options: None,
+        })
+        .collect::<Vec<_>>();
+    let idx = arrow::compute::lexsort_to_indices(&cols, None)?;
+    Ok(arrow::compute::take_record_batch(&all, &idx)?)
+}
+
+/// The Parquet files of a block, and its meta. CPU-heavy: run it off the
+/// I/O runtime.
+pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, Bytes)>)> {
+    let id = uuid::Uuid::now_v7().to_string();
+    let samples = sort_samples(&data.samples)?;
+    let sorting = (0..4)
+        .map(|i| SortingColumn {
+            column_idx: i,
+            descending: false,
+            nulls_first: false,
+        })
+        .collect();
+    let samples_pq = to_parquet(samples_schema(), &[samples.clone()], Some(sorting))?;
+
+    let mut profiles = data.profiles.clone();
+    profiles.sort_by_key(|p| (p.series_id, p.time_nanos, p.profile_id));
+    let profiles_batch = RecordBatch::try_new(
+        profiles_schema(),
+        vec![
+            ids(profiles.iter().map(|p| &p.profile_id)),
+            ids(profiles.iter().map(|p| &p.series_id)),
+            Arc::new(Int64Array::from_iter_values(profiles.iter().map(|p| p.time_nanos))),
+            Arc::new(Int64Array::from_iter_values(
+                profiles.iter().map(|p| p.duration_nanos),
+            )),
+            Arc::new(Int64Array::from_iter_values(profiles.iter().map(|p| p.period))),
+            Arc::new(UInt64Array::from_iter_values(profiles.iter().map(|p| p.samples))),
+        ],
+    )?;
+
+    let mut series = data.series.clone();
+    series.sort_by_key(|s| s.series_id);
+    let labels_json: Vec<String> = series
+        .iter()
+        .map(|s| {
+            let m: serde_json::Map<String, serde_json::Value> = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_owned(), serde_json::Value::String(v.to_owned())))
+                .collect();
+            serde_json::Value::Object(m).to_string()
+        })
+        .collect();
+    let types: Vec<String> = series.iter().map(|s| s.profile_type.to_string()).collect();
+    let series_batch = RecordBatch::try_new(
+        series_schema(),
+        vec![
+            ids(series.iter().map(|s| &s.series_id)),
+            strings(types.iter().map(String::as_str)),
+            strings(
+                series
+                    .iter()
+                    .map(|s| s.labels.get(SERVICE_NAME).unwrap_or("")),
+            ),
+            strings(labels_json.iter().map(String::as_str)),
+            Arc::new(Int64Array::from_iter_values(
+                series.iter().map(|s| s.min_time_nanos),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                series.iter().map(|s| s.max_time_nanos),
+            )),
+        ],
+    )?;
+
+    let sym = &data.symbols;
+    let mut stack_ids: Vec<&Id> = sym.stacks.keys().collect();
+    stack_ids.sort();
+    let stacks_batch = RecordBatch::try_new(
+        stacks_schema(),
+        vec![
+            ids(stack_ids.iter().copied()),
+            id_lists(
+                stack_ids
+                    .iter()
+                    .map(|id| sym.stacks[*id].locations.iter().collect()),
+            ),
+        ],
+    )?;
+
+    let mut loc_ids: Vec<&Id> = sym.locations.keys().collect();
+    loc_ids.sort();
+    let locs: Vec<_> = loc_ids.iter().map(|id| &sym.locations[*id]).collect();
+    let mut line_numbers = ListBuilder::new(Int64Builder::new()).with_field(Arc::new(
+        arrow::datatypes::Field::new("item", arrow::datatypes::DataType::Int64, false),
+    ));
+    for l in &locs {
+        for line in &l.lines {
+            line_numbers.values().append_value(line.line);
+        }
+        line_numbers.append(true);
+    }
+    let locations_batch = RecordBatch::try_new(
+        locations_schema(),
+        vec![
+            ids(loc_ids.iter().copied()),
+            ids(locs.iter().map(|l| &l.mapping)),
+            Arc::new(UInt64Array::from_iter_values(locs.iter().map(|l| l.address))),
+            id_lists(
+                locs.iter()
+                    .map(|l| l.lines.iter().map(|x| &x.function).collect()),
+            ),
+            Arc::new(line_numbers.finish()),
+        ],
+    )?;
+
+    let mut fn_ids: Vec<&Id> = sym.functions.keys().collect();
+    fn_ids.sort();
+    let fns: Vec<_> = fn_ids.iter().map(|id| &sym.functions[*id]).collect();
+    let functions_batch = RecordBatch::try_new(
+        functions_schema(),
+        vec![
+            ids(fn_ids.iter().copied()),
+            strings(fns.iter().map(|f| f.name.as_str())),
+            strings(fns.iter().map(|f| f.system_name.as_str())),
+            strings(fns.iter().map(|f| f.filename.as_str())),
+            Arc::new(Int64Array::from_iter_values(fns.iter().map(|f| f.start_line))),
+        ],
+    )?;
+
+    let mut m_ids: Vec<&Id> = sym.mappings.keys().collect();
+    m_ids.sort();
+    let ms: Vec<_> = m_ids.iter().map(|id| &sym.mappings[*id]).collect();
+    let mappings_batch = RecordBatch::try_new(
+        mappings_schema(),
+        vec![
+            ids(m_ids.iter().copied()),
+            Arc::new(UInt64Array::from_iter_values(ms.iter().map(|m| m.memory_start))),
+            Arc::new(UInt64Array::from_iter_values(ms.iter().map(|m| m.memory_limit))),
+            Arc::new(UInt64Array::from_iter_values(ms.iter().map(|m| m.file_offset))),
+            strings(ms.iter().map(|m| m.filename.as_str())),
+            strings(ms.iter().map(|m| m.build_id.as_str())),
+        ],
+    )?;
+
+    let out = vec![
+        (files::SAMPLES, samples_pq),
+        (
+            files::PROFILES,
+            to_parquet(profiles_schema(), &[profiles_batch], None)?,
+        ),
+        (
+            files::SERIES,
+            to_parquet(series_schema(), &[series_batch], None)?,
+        ),
+        (
+            files::STACKS,
+            to_parquet(stacks_schema(), &[stacks_batch], None)?,
+        ),
+        (
+            files::LOCATIONS,
+            to_parquet(locations_schema(), &[locations_batch], None)?,
+        ),
+        (
+            files::FUNCTIONS,
+            to_parquet(functions_schema(), &[functions_batch], None)?,
+        ),
+        (
+            files::MAPPINGS,
+            to_parquet(mappings_schema(), &[mappings_batch], None)?,
+        ),
+    ];
+
+    let mut types: Vec<String> = series.iter().map(|s| s.profile_type.to_string()).collect();
+    types.sort();
+    types.dedup();
+    let meta = BlockMeta {
+        format_version: FORMAT_VERSION,
+        id,
+        tenant: data.tenant.clone(),
+        min_time_nanos: profiles.iter().map(|p| p.time_nanos).min().unwrap_or(0),
+        max_time_nanos: profiles.iter().map(|p| p.time_nanos).max().unwrap_or(0),
+        level: data.level,
+        source: data.source.clone(),
+        compacted_from: data.compacted_from.clone(),
+        profile_types: types,
+        stats: BlockStats {
+            series: series.len() as u64,
+            profiles: profiles.len() as u64,
+            samples: samples.num_rows() as u64,
+            stacks: sym.stacks.len() as u64,
+            locations: sym.locations.len() as u64,
+            functions: sym.functions.len() as u64,
+            mappings: sym.mappings.len() as u64,
+            bytes: out.iter().map(|(_, b)| b.len() as u64).sum(),
+            sample_bytes: out[0].1.len() as u64,
+        },
+        created_at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0),
+    };
+    Ok((meta, out))
+}
+
+/// Uploads an encoded block: every Parquet file, then `meta.json` last.
+pub async fn write_block(
+    store: &dyn ObjectStore,
+    meta: &BlockMeta,
+    files_out: Vec<(&'static str, Bytes)>,
+) -> Result<()> {
+    for (name, bytes) in files_out {
+        store
+            .put(
+                &block_file(&meta.tenant, &meta.id, name),
+                PutPayload::from_bytes(bytes),
+            )
+            .await?;
+    }
+    let json = serde_json::to_vec_pretty(meta).map_err(|e| crate::Error::Meta {
+        block: meta.id.clone(),
+        source: e,
+    })?;
+    store
+        .put(
+            &block_file(&meta.tenant, &meta.id, files::META),
+            PutPayload::from(json),
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! The per-tenant in-memory head: what has been acknowledged and not yet
+//! cut into a block, in the same row layout as a block's sample table.
+
+use std::collections::{HashMap, HashSet};
+
+use arrow::array::RecordBatch;
+use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow, samples_schema};
+use fathom_model::{Id, IngestBatch, Symbols};
+
+/// Sample batches are concatenated when a head holds more than this many.
+const MAX_BATCHES: usize = 64;
+
+/// One tenant's head.
+#[derive(Default)]
+pub(crate) struct TenantHead {
+    pub(crate) series: HashMap<Id, SeriesRow>,
+    pub(crate) profiles: Vec<ProfileRow>,
+    profile_ids: HashSet<Id>,
+    pub(crate) samples: Vec<RecordBatch>,
+    pub(crate) symbols: Symbols,
+    pub(crate) sample_rows: usize,
+    pub(crate) bytes: usize,
+}
+
+impl TenantHead {
+    /// Adds a batch; profiles whose id is already present are skipped
+    /// (replays and retries are idempotent). Returns the samples added.
+    pub(crate) fn apply(&mut self, batch: &IngestBatch) -> usize {
+        let mut b = SamplesBuilder::with_capacity(batch.sample_count());
+        for p in &batch.profiles {
+            if !self.profile_ids.insert(p.id) {
+                continue;
+            }
+            let sid = p.series_id();
+            let s = self.series.entry(sid).or_insert_with(|| SeriesRow {
+                series_id: sid,
+                profile_type: p.profile_type.clone(),
+                labels: p.labels.clone(),
+                min_time_nanos: p.time_nanos,
+                max_time_nanos: p.time_nanos,
+            });
+            s.min_time_nanos = s.min_time_nanos.min(p.time_nanos);
+            s.max_time_nanos = s.max_time_nanos.max(p.time_nanos);
+            self.profiles.push(ProfileRow {
+                profile_id: p.id,
+                series_id: sid,
+                time_nanos: p.time_nanos,
+                duration_nanos: p.duration_nanos,
+                period: p.period,
+                samples: p.samples.len() as u64,
+            });
+            b.push_profile(p);
+        }
+        let added = b.len();
+        if added == 0 {
+            return 0;
+        }
+        let before = self.symbols.stacks.len() + self.symbols.locations.len();
+        self.symbols.merge(&batch.symbols);
+        let new_syms = self.symbols.stacks.len() + self.symbols.locations.len() - before;
+        self.samples.push(b.finish());
+        if self.samples.len() > MAX_BATCHES {
+            if let Ok(all) = arrow::compute::concat_batches(&samples_schema(), &self.samples) {
+                self.samples = vec![all];
+            }
+        }
+        self.sample_rows += added;
+        // 56 bytes a sample row, ~200 bytes a symbol entry: an estimate
+        // for the size trigger, not an account.
+        self.bytes += added * 56 + new_syms * 200 + 100;
+        added
+    }
+
+    pub(crate) fn to_block(&self, tenant: String, source: String) -> BlockData {
+        BlockData {
+            tenant,
+            source,
+            level: 0,
+            compacted_from: Vec::new(),
+            series: self.series.values().cloned().collect(),
+            profiles: self.profiles.clone(),
+            samples: self.samples.clone(),
+            symbols: self.symbols.clone(),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.profiles.is_empty()
+    }
+}
+
+/// A consistent view of one tenant's head for a query.
+#[derive(Clone, Default)]
+pub struct HeadSnapshot {
+    pub series: Vec<SeriesRow>,
+    pub profiles: Vec<ProfileRow>,
+    pub samples: Vec<RecordBatch>,
+}
+
+impl HeadSnapshot {
+    pub(crate) fn extend_from(&mut self, h: &TenantHead, start: i64, end: i64) {
+        self.series.extend(
+            h.series
+                .values()
+                .filter(|s| s.min_time_nanos <= end && s.max_time_nanos >= start)
+                .cloned(),
+        );
+        self.profiles.extend(
+            h.profiles
+                .iter()
+                .filter(|p| p.time_nanos >= start && p.time_nanos <= end)
+                .cloned(),
+        );
+        self.samples.extend(h.samples.iter().cloned());
+    }
+}
