@@ -1,1 +1,215 @@
-fn main() {}
+//! `fathom`: one binary for every role. `fathom all` runs the distributor,
+//! ingester and querier in one process with embedded defaults and needs no
+//! flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use fathom_server::{AllConfig, ObjectStoreConfig, StoreKind};
+
+#[derive(Parser)]
+#[command(name = "fathom", version, about = "Fathom continuous profiling")]
+struct Cli {
+    /// Log format.
+    #[arg(long, env = "FATHOM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Distributor, ingester and querier in one process (local filesystem
+    /// object store under the data directory, replication factor 1).
+    All(AllArgs),
+}
+
+/// A size such as `64MiB`, `512KB` or `1048576`.
+fn parse_size(s: &str) -> Result<usize, String> {
+    s.parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64() as usize)
+        .map_err(|e| format!("{s:?} is not a size like 64MiB: {e}"))
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 10s: {e}"))
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StoreArg {
+    Filesystem,
+    S3,
+}
+
+#[derive(Args)]
+struct AllArgs {
+    /// Address for HTTP and gRPC (one port, HTTP/1.1 and h2c).
+    #[arg(long, env = "FATHOM_LISTEN", default_value = "0.0.0.0:7400")]
+    listen: SocketAddr,
+    /// Where the WAL (and, with the filesystem store, the blocks) live.
+    #[arg(long, env = "FATHOM_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
+    /// Object store for blocks: `filesystem` (<data-dir>/store) or `s3`.
+    #[arg(long, env = "FATHOM_OBJECT_STORE", value_enum, default_value_t = StoreArg::Filesystem)]
+    object_store: StoreArg,
+    /// S3 endpoint URL (for S3-compatible servers); AWS when unset.
+    #[arg(long, env = "FATHOM_S3_ENDPOINT")]
+    s3_endpoint: Option<String>,
+    /// S3 bucket.
+    #[arg(long, env = "FATHOM_S3_BUCKET")]
+    s3_bucket: Option<String>,
+    /// S3 region.
+    #[arg(long, env = "FATHOM_S3_REGION", default_value = "us-east-1")]
+    s3_region: String,
+    /// S3 access key id (else the AWS_* environment).
+    #[arg(long, env = "FATHOM_S3_ACCESS_KEY_ID")]
+    s3_access_key_id: Option<String>,
+    /// S3 secret access key (else the AWS_* environment).
+    #[arg(long, env = "FATHOM_S3_SECRET_ACCESS_KEY", hide_env_values = true)]
+    s3_secret_access_key: Option<String>,
+    /// Allow an http:// S3 endpoint.
+    #[arg(long, env = "FATHOM_S3_ALLOW_HTTP")]
+    s3_allow_http: bool,
+    /// Cut the in-memory head into a block at least this often.
+    #[arg(long, env = "FATHOM_FLUSH_INTERVAL", default_value = "30m", value_parser = parse_duration)]
+    flush_interval: Duration,
+    /// Cut a block earlier when the head holds this much (estimated).
+    #[arg(long, env = "FATHOM_MAX_HEAD_SIZE", default_value = "512MiB", value_parser = parse_size)]
+    max_head_size: usize,
+    /// How long shutdown may spend flushing; the WAL keeps what is left.
+    #[arg(long, env = "FATHOM_SHUTDOWN_FLUSH_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    shutdown_flush_timeout: Duration,
+    /// Largest request body, as sent (413 above).
+    #[arg(long, env = "FATHOM_MAX_BODY_SIZE", default_value = "16MiB", value_parser = parse_size)]
+    max_body_size: usize,
+    /// Largest request body after decompression (413 above).
+    #[arg(long, env = "FATHOM_MAX_DECOMPRESSED_SIZE", default_value = "64MiB", value_parser = parse_size)]
+    max_decompressed_size: usize,
+    /// Most labels per series, sample labels included.
+    #[arg(long, env = "FATHOM_MAX_LABELS", default_value_t = 32)]
+    max_labels: usize,
+    /// Longest label name, in bytes.
+    #[arg(long, env = "FATHOM_MAX_LABEL_NAME_LENGTH", default_value_t = 128)]
+    max_label_name_length: usize,
+    /// Longest label value, in bytes.
+    #[arg(long, env = "FATHOM_MAX_LABEL_VALUE_LENGTH", default_value_t = 1024)]
+    max_label_value_length: usize,
+    /// Most samples in one profile.
+    #[arg(long, env = "FATHOM_MAX_SAMPLES_PER_PROFILE", default_value_t = 500_000)]
+    max_samples_per_profile: usize,
+    /// Longest query range.
+    #[arg(long, env = "FATHOM_MAX_QUERY_RANGE", default_value = "31d", value_parser = parse_duration)]
+    max_query_range: Duration,
+    /// Threads of the query runtime (DataFusion).
+    #[arg(long, env = "FATHOM_QUERY_THREADS", default_value_t = 2)]
+    query_threads: usize,
+}
+
+impl AllArgs {
+    fn config(self) -> AllConfig {
+        AllConfig {
+            listen: self.listen,
+            data_dir: self.data_dir,
+            store: ObjectStoreConfig {
+                kind: match self.object_store {
+                    StoreArg::Filesystem => StoreKind::Filesystem,
+                    StoreArg::S3 => StoreKind::S3,
+                },
+                s3_endpoint: self.s3_endpoint,
+                s3_bucket: self.s3_bucket,
+                s3_region: self.s3_region,
+                s3_access_key_id: self.s3_access_key_id,
+                s3_secret_access_key: self.s3_secret_access_key,
+                s3_allow_http: self.s3_allow_http,
+            },
+            flush_interval: self.flush_interval,
+            max_head_bytes: self.max_head_size,
+            shutdown_flush_timeout: self.shutdown_flush_timeout,
+            limits: fathom_server_limits(&self),
+            querier: fathom_querier_config(self.max_query_range),
+            query_threads: self.query_threads,
+        }
+    }
+}
+
+fn fathom_server_limits(a: &AllArgs) -> fathom_server::Limits {
+    fathom_server::Limits {
+        max_body_bytes: a.max_body_size,
+        max_decompressed_bytes: a.max_decompressed_size,
+        max_labels: a.max_labels,
+        max_label_name_len: a.max_label_name_length,
+        max_label_value_len: a.max_label_value_length,
+        max_samples: a.max_samples_per_profile,
+        ..Default::default()
+    }
+}
+
+fn fathom_querier_config(max_range: Duration) -> fathom_server::QuerierConfig {
+    fathom_server::QuerierConfig {
+        max_range_nanos: max_range.as_nanos().min(i64::MAX as u128) as i64,
+        ..Default::default()
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown requested");
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => b.init(),
+        LogFormat::Json => b.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::All(a) => {
+            let cfg = a.config();
+            tracing::info!(
+                listen = %cfg.listen,
+                data_dir = %cfg.data_dir.display(),
+                store = %cfg.store.describe(&cfg.data_dir),
+                "starting fathom all"
+            );
+            fathom_server::run_all(cfg, shutdown_signal())
+                .await
+                .context("fathom all")?;
+        }
+    }
+    Ok(())
+}

@@ -1,1 +1,219 @@
-//! placeholder
+//! The querier: answers merge, range, diff and metadata queries over the
+//! ingesters' heads (recent data) and the blocks in object storage (older
+//! data), executing with DataFusion, and serves them over HTTP.
+//!
+//! ```text
+//!  selector, [start, end]
+//!        │
+//!        ▼
+//!  plan: heads' snapshots ──┐   block index (never a bucket LIST)
+//!        series matching ◄──┴── series/profiles of each block (cached)
+//!        drop replica copies by profile id
+//!        │
+//!        ▼
+//!  DataFusion (dedicated runtime): union of head batches and block
+//!  samples.parquet, filtered by series, time and duplicate profiles,
+//!  grouped by stack (merge) or by series and step (range)
+//!        │
+//!        ▼
+//!  resolve stack ids with head and block symbol tables → render
+//!  (folded, top, flame graph, pprof, diff)
+//! ```
+//!
+//! Invariants: every answer is scoped to one tenant; a profile id is counted
+//! once whatever number of heads and blocks hold it (replicas, a head being
+//! flushed, or a block written twice after a crash).
+
+mod engine;
+mod executor;
+mod http;
+mod render;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use fathom_block::{BlockIndex, BlockMeta, ProfileRow, SeriesRow};
+use fathom_model::{Id, Symbols, TenantId};
+use object_store::ObjectStore;
+use parking_lot::Mutex;
+
+pub use engine::{Merged, RangeSeries};
+pub use executor::Executor;
+pub use http::router;
+pub use render::{FlameNode, TopRow, flamegraph, top};
+
+/// Errors while answering a query.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("reading a block: {0}")]
+    Block(#[from] fathom_block::Error),
+    #[error("query execution: {0}")]
+    DataFusion(#[from] datafusion::error::DataFusionError),
+    #[error("reading recent data: {0}")]
+    Head(String),
+    #[error("query task failed: {0}")]
+    Task(String),
+}
+
+impl From<QueryError> for fathom_api::ApiError {
+    fn from(e: QueryError) -> Self {
+        match e {
+            QueryError::BadRequest(m) => fathom_api::ApiError::BadRequest(m),
+            QueryError::Head(m) => fathom_api::ApiError::Unavailable(m),
+            e => fathom_api::ApiError::internal(e),
+        }
+    }
+}
+
+/// One ingester's recent data for a tenant and time range.
+#[derive(Clone, Default)]
+pub struct HeadData {
+    pub series: Vec<SeriesRow>,
+    pub profiles: Vec<ProfileRow>,
+    /// Rows in `fathom_block::samples_schema()`.
+    pub samples: Vec<RecordBatch>,
+}
+
+/// Where recent (not yet flushed) data comes from: the in-process ingester
+/// in single-process mode, the ingesters over Arrow Flight in a cluster.
+#[async_trait::async_trait]
+pub trait HeadSource: Send + Sync + 'static {
+    /// Every head's data of `tenant` in `[start, end]` (nanoseconds).
+    async fn snapshot(
+        &self,
+        tenant: &TenantId,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<HeadData>, QueryError>;
+
+    /// The symbols `stacks` need, from the heads.
+    async fn symbols(&self, tenant: &TenantId, stacks: &[Id]) -> Result<Symbols, QueryError>;
+}
+
+/// Querier settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Longest accepted query range.
+    pub max_range_nanos: i64,
+    /// Most points per series in a range query.
+    pub max_points: i64,
+    /// Most flame graph nodes a client may ask for.
+    pub max_flame_nodes: usize,
+    /// Blocks whose series, profiles and symbols stay cached in memory.
+    pub block_cache_entries: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_range_nanos: 31 * 24 * 3600 * 1_000_000_000,
+            max_points: 11_000,
+            max_flame_nodes: 65_536,
+            block_cache_entries: 256,
+        }
+    }
+}
+
+/// What a block contributes to planning.
+pub(crate) struct BlockInfo {
+    pub(crate) series: Vec<SeriesRow>,
+    pub(crate) profiles: Vec<ProfileRow>,
+}
+
+/// A small LRU keyed by block id.
+pub(crate) struct Lru<T> {
+    cap: usize,
+    tick: u64,
+    map: HashMap<String, (Arc<T>, u64)>,
+}
+
+impl<T> Lru<T> {
+    fn new(cap: usize) -> Self {
+        Lru {
+            cap: cap.max(1),
+            tick: 0,
+            map: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn get(&mut self, k: &str) -> Option<Arc<T>> {
+        self.tick += 1;
+        let t = self.tick;
+        self.map.get_mut(k).map(|(v, used)| {
+            *used = t;
+            v.clone()
+        })
+    }
+
+    pub(crate) fn put(&mut self, k: String, v: Arc<T>) {
+        self.tick += 1;
+        if self.map.len() >= self.cap && !self.map.contains_key(&k) {
+            if let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+            {
+                self.map.remove(&oldest);
+            }
+        }
+        self.map.insert(k, (v, self.tick));
+    }
+}
+
+/// The querier; cheap to clone.
+#[derive(Clone)]
+pub struct Querier {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) cfg: Config,
+    pub(crate) head: Arc<dyn HeadSource>,
+    pub(crate) index: Arc<dyn BlockIndex>,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) exec: Executor,
+    pub(crate) runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+    pub(crate) block_info: Mutex<Lru<BlockInfo>>,
+    pub(crate) block_symbols: Mutex<Lru<Symbols>>,
+    pub(crate) metrics: engine::Metrics,
+}
+
+impl Querier {
+    pub fn new(
+        cfg: Config,
+        head: Arc<dyn HeadSource>,
+        index: Arc<dyn BlockIndex>,
+        store: Arc<dyn ObjectStore>,
+        exec: Executor,
+        registry: &mut prometheus_client::registry::Registry,
+    ) -> Result<Self, QueryError> {
+        let runtime = engine::runtime_env(store.clone())?;
+        let metrics = engine::Metrics::register(registry);
+        Ok(Querier {
+            inner: Arc::new(Inner {
+                block_info: Mutex::new(Lru::new(cfg.block_cache_entries)),
+                block_symbols: Mutex::new(Lru::new(cfg.block_cache_entries)),
+                cfg,
+                head,
+                index,
+                store,
+                exec,
+                runtime,
+                metrics,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Blocks of `tenant` overlapping `[start, end]`.
+    pub async fn blocks(&self, tenant: &TenantId, start: i64, end: i64) -> Vec<BlockMeta> {
+        self.inner.index.blocks(tenant.as_str(), start, end).await
+    }
+}

@@ -1,0 +1,636 @@
+//! From ring buffer records to pprof profiles.
+//!
+//! ```text
+//! record ──► process table (pid, start time) ──► frames normalized to (object, offset)
+//!                 │ first sight: /proc maps, exe, cgroup → labels → relabel
+//!                 ▼
+//!        per-process stack counts ──(every push interval)──► symbolize ──► one pprof per label set
+//! ```
+//!
+//! - A process is identified by pid and the start time of its leader, so a
+//!   reused pid is a new process. Its memory map is read on its first sample
+//!   (the BPF program wakes the agent for exactly that), re-read when an
+//!   address falls outside every known mapping (dlopen, JIT), and dropped on
+//!   exec. Frames are normalized to (object, file offset) at once, so a
+//!   process that exits before the next push is still reported in full.
+//! - Stacks are symbolized once per push, through caches keyed by object, so
+//!   the cost follows distinct code, not sample count.
+//! - A process that relabeling drops is reported for exclusion in the
+//!   kernel, so its samples cost nothing after the first.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fathom_agent_ebpf::{Event, EventKind};
+use fathom_model::Labels;
+use fathom_proto::push::{LabelPair, RawProfile};
+
+use crate::metrics::Metrics;
+use crate::pprof::{PprofBuilder, encode_gzip};
+use crate::procfs::{self, Backing, Mapping, Proc};
+use crate::relabel::{LabelMap, Relabeler};
+use crate::symbolize::{FrameKey, Object, Symbolizer};
+use crate::symtab::SymbolTable;
+
+/// Minimum time between two re-reads of one process's maps on a miss.
+const MAPS_REFRESH: Duration = Duration::from_secs(1);
+/// Minimum time between two reads of one process's perf map.
+const PERF_MAP_REFRESH: Duration = Duration::from_secs(5);
+/// Longest command line kept in `__meta_process_cmdline`.
+const CMDLINE_MAX: usize = 512;
+
+/// The profile name (`__name__`) of the agent's CPU profiles.
+pub(crate) const PROFILE_NAME: &str = "process_cpu";
+
+/// Static settings of the collector.
+#[derive(Clone, Debug)]
+pub(crate) struct CollectorConfig {
+    pub(crate) node: String,
+    pub(crate) period_ns: u64,
+    pub(crate) relabeler: Relabeler,
+}
+
+struct Process {
+    pid: u32,
+    /// Unique per process incarnation (exec gives a new one).
+    serial: u64,
+    /// Final labels; `None` when relabeling dropped the process.
+    labels: Option<Arc<Labels>>,
+    maps: Vec<(Mapping, Rc<Object>)>,
+    maps_read: Option<Instant>,
+    perf_map: Option<Rc<Object>>,
+    perf_map_read: Option<Instant>,
+    ns_pid: u32,
+    /// Push interval in which this process was last sampled.
+    last_interval: u64,
+}
+
+#[derive(Default)]
+struct Aggregate {
+    labels: Option<Arc<Labels>>,
+    stacks: HashMap<Box<[FrameKey]>, u64>,
+}
+
+/// A process that relabeling dropped and that the kernel should skip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Skip {
+    pub(crate) pid: u32,
+    pub(crate) start_time: u64,
+}
+
+/// The collector: process table, aggregates, symbolizer.
+pub(crate) struct Collector {
+    cfg: CollectorConfig,
+    proc: Proc,
+    sym: Symbolizer,
+    processes: HashMap<(u32, u64), Process>,
+    aggregates: HashMap<u64, Aggregate>,
+    /// Shared objects for memory that has no symbols (`[anon]`, `[heap]`, …).
+    unknown: HashMap<String, Rc<Object>>,
+    window_start: SystemTime,
+    interval: u64,
+    next_serial: u64,
+    new_skips: Vec<Skip>,
+    skipped: HashMap<u32, u64>,
+    expired_skips: Vec<u32>,
+    metrics: Arc<Metrics>,
+}
+
+impl Collector {
+    pub(crate) fn new(cfg: CollectorConfig, kallsyms: SymbolTable, metrics: Arc<Metrics>) -> Self {
+        Collector {
+            cfg,
+            proc: Proc::default(),
+            sym: Symbolizer::new(kallsyms),
+            processes: HashMap::new(),
+            aggregates: HashMap::new(),
+            unknown: HashMap::new(),
+            window_start: SystemTime::now(),
+            interval: 0,
+            next_serial: 1,
+            new_skips: Vec::new(),
+            skipped: HashMap::new(),
+            expired_skips: Vec::new(),
+            metrics,
+        }
+    }
+
+    /// Processes to add to the kernel's skip map since the last call.
+    pub(crate) fn take_new_skips(&mut self) -> Vec<Skip> {
+        std::mem::take(&mut self.new_skips)
+    }
+
+    /// Handles one ring buffer record.
+    pub(crate) fn on_event(&mut self, ev: &Event<'_>) {
+        let h = &ev.header;
+        let key = (h.pid, h.start_time);
+        match h.kind {
+            EventKind::Exec => {
+                // A new address space: forget the old one. Samples taken
+                // before stay with the old incarnation's aggregate.
+                self.processes.remove(&key);
+                self.metrics.exec_events.inc();
+            }
+            EventKind::Sample => {
+                self.metrics.samples.inc();
+                if !self.processes.contains_key(&key) {
+                    let p = self.discover(h.pid, h.start_time, &h.process_name());
+                    let profiled = p.labels.is_some();
+                    self.processes.insert(key, p);
+                    if profiled {
+                        self.read_maps(key);
+                    }
+                }
+                let interval = self.interval;
+                let Some(p) = self.processes.get_mut(&key) else {
+                    return;
+                };
+                p.last_interval = interval;
+                let Some(labels) = p.labels.clone() else {
+                    self.metrics.samples_dropped_by_relabel.inc();
+                    return;
+                };
+                let serial = p.serial;
+                let mut frames = Vec::with_capacity(usize::from(h.kframes) + usize::from(h.uframes));
+                let kernel = self.sym.kernel().id;
+                for (i, a) in ev.kernel_frames().enumerate() {
+                    // Past the leaf, frames are return addresses: look up the call.
+                    let addr = if i == 0 { a } else { a.saturating_sub(1) };
+                    frames.push(FrameKey {
+                        object: kernel,
+                        addr,
+                    });
+                }
+                for (i, a) in ev.user_frames().enumerate() {
+                    let addr = if i == 0 { a } else { a.saturating_sub(1) };
+                    frames.push(self.user_frame(key, addr));
+                }
+                if frames.is_empty() {
+                    self.metrics.samples_without_stack.inc();
+                    return;
+                }
+                let agg = self.aggregates.entry(serial).or_default();
+                agg.labels.get_or_insert(labels);
+                *agg.stacks.entry(frames.into_boxed_slice()).or_default() += 1;
+            }
+        }
+    }
+
+    fn unknown_object(&mut self, name: &str) -> Rc<Object> {
+        if let Some(o) = self.unknown.get(name) {
+            return o.clone();
+        }
+        let o = self.sym.unknown(name);
+        self.unknown.insert(name.to_owned(), o.clone());
+        o
+    }
+
+    /// Normalizes one user address of process `key`.
+    fn user_frame(&mut self, key: (u32, u64), addr: u64) -> FrameKey {
+        let now = Instant::now();
+        let mut hit = self.lookup_mapping(key, addr);
+        if hit.is_none() {
+            let stale = self
+                .processes
+                .get(&key)
+                .is_some_and(|p| p.maps_read.is_none_or(|t| now.duration_since(t) >= MAPS_REFRESH));
+            if stale {
+                self.read_maps(key);
+                hit = self.lookup_mapping(key, addr);
+            }
+        }
+        let Some((m, obj)) = hit else {
+            self.metrics.frames_outside_mappings.inc();
+            let o = self.unknown_object("[unknown]");
+            return FrameKey {
+                object: o.id,
+                addr,
+            };
+        };
+        match &m.backing {
+            Backing::File { .. } => FrameKey {
+                object: obj.id,
+                addr: addr - m.start + m.offset,
+            },
+            Backing::Vdso => FrameKey {
+                object: obj.id,
+                addr: addr - m.start,
+            },
+            Backing::Anon(_) => match self.perf_map_object(key) {
+                Some(jit) => FrameKey {
+                    object: jit.id,
+                    addr,
+                },
+                None => FrameKey {
+                    object: obj.id,
+                    addr,
+                },
+            },
+        }
+    }
+
+    fn lookup_mapping(&self, key: (u32, u64), addr: u64) -> Option<(Mapping, Rc<Object>)> {
+        let p = self.processes.get(&key)?;
+        let i = p.maps.partition_point(|(m, _)| m.start <= addr).checked_sub(1)?;
+        let (m, o) = &p.maps[i];
+        (addr < m.end).then(|| (m.clone(), o.clone()))
+    }
+
+    /// The JIT perf map of a process, (re)read at most every few seconds.
+    fn perf_map_object(&mut self, key: (u32, u64)) -> Option<Rc<Object>> {
+        let now = Instant::now();
+        let p = self.processes.get(&key)?;
+        let fresh = p
+            .perf_map_read
+            .is_some_and(|t| now.duration_since(t) < PERF_MAP_REFRESH);
+        if fresh {
+            return p.perf_map.clone();
+        }
+        let (pid, ns_pid) = (p.pid, p.ns_pid);
+        let path = self
+            .proc
+            .root_dir(pid)
+            .join(format!("tmp/perf-{ns_pid}.map"));
+        let obj = match std::fs::File::open(&path) {
+            Ok(f) => match SymbolTable::parse_perf_map(std::io::BufReader::new(f)) {
+                Ok(t) if !t.is_empty() => Some(self.sym.perf_map(format!("/tmp/perf-{ns_pid}.map"), t)),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        let p = self.processes.get_mut(&key)?;
+        p.perf_map_read = Some(now);
+        if obj.is_some() {
+            p.perf_map = obj;
+        }
+        p.perf_map.clone()
+    }
+
+    fn read_maps(&mut self, key: (u32, u64)) {
+        let (pid, _) = key;
+        let maps = match self.proc.maps(pid) {
+            Ok(m) => m,
+            Err(_) => {
+                // Gone (or not readable): keep what we had.
+                if let Some(p) = self.processes.get_mut(&key) {
+                    p.maps_read = Some(Instant::now());
+                }
+                self.metrics.maps_read_failures.inc();
+                return;
+            }
+        };
+        let mut resolved = Vec::with_capacity(maps.len());
+        for m in maps {
+            let obj = match &m.backing {
+                Backing::File { path, dev, inode } => {
+                    self.sym.elf(pid, path, *dev, *inode, m.start, m.end)
+                }
+                Backing::Vdso => self.sym.vdso().clone(),
+                Backing::Anon(name) => self.unknown_object(name),
+            };
+            resolved.push((m, obj));
+        }
+        if let Some(p) = self.processes.get_mut(&key) {
+            p.maps = resolved;
+            p.maps_read = Some(Instant::now());
+        }
+    }
+
+    /// Builds the process entry on first sight: labels and relabeling. The
+    /// caller reads its maps when it is kept.
+    fn discover(&mut self, pid: u32, start_time: u64, comm: &str) -> Process {
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let labels = self.discover_labels(pid, comm);
+        let labels = match self.cfg.relabeler.apply(labels) {
+            Some(l) => match Labels::from_pairs(l) {
+                Ok(l) => Some(Arc::new(l)),
+                Err(error) => {
+                    tracing::warn!(pid, %error, "labels after relabeling are invalid; process not profiled");
+                    None
+                }
+            },
+            None => None,
+        };
+        if labels.is_none() {
+            self.new_skips.push(Skip { pid, start_time });
+            self.skipped.insert(pid, start_time);
+        }
+        self.metrics.processes_discovered.inc();
+        Process {
+            pid,
+            serial,
+            labels,
+            maps: Vec::new(),
+            maps_read: None,
+            perf_map: None,
+            perf_map_read: None,
+            ns_pid: self.proc.ns_pid(pid).unwrap_or(pid),
+            last_interval: self.interval,
+        }
+    }
+
+    /// Labels before relabeling: visible ones plus `__meta_*`.
+    fn discover_labels(&self, pid: u32, comm: &str) -> LabelMap {
+        let mut l = LabelMap::new();
+        let mut put = |k: &str, v: &str| {
+            if !v.is_empty() {
+                l.insert(k.to_owned(), v.to_owned());
+            }
+        };
+        put("node", &self.cfg.node);
+        put("pid", &pid.to_string());
+        put("comm", comm);
+        let exe = self.proc.exe(pid).unwrap_or_default();
+        let exe_name = exe.rsplit('/').next().unwrap_or("");
+        put("executable", &exe);
+        put(
+            fathom_model::SERVICE_NAME,
+            if exe_name.is_empty() { comm } else { exe_name },
+        );
+        put("__meta_process_executable_name", exe_name);
+        if let Ok(cg) = self.proc.cgroup(pid) {
+            let info = procfs::parse_cgroup_path(&cg);
+            put("__meta_process_cgroup", &cg);
+            if let Some(c) = &info.container_id {
+                put("container_id", c);
+            }
+            if let Some(u) = &info.systemd_unit {
+                put("systemd_unit", u);
+            }
+            if let Some(uid) = &info.pod_uid {
+                put("__meta_kubernetes_pod_uid", uid);
+                let k = procfs::read_kube_info(&self.proc.root_dir(pid));
+                put("namespace", k.namespace.as_deref().unwrap_or(""));
+                put("pod", k.pod.as_deref().unwrap_or(""));
+            }
+        }
+        if let Ok(c) = self.proc.cmdline(pid, CMDLINE_MAX) {
+            put("__meta_process_cmdline", &c);
+        }
+        l
+    }
+
+    /// Ends the push interval: one profile per label set, symbolized, then
+    /// forgets processes that are gone and unused code objects.
+    pub(crate) fn take_profiles(&mut self) -> Vec<RawProfile> {
+        let now = SystemTime::now();
+        let start = std::mem::replace(&mut self.window_start, now);
+        let time_nanos = start
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        let duration_nanos = now
+            .duration_since(start)
+            .map_or(0, |d| d.as_nanos() as i64);
+        let period = i64::try_from(self.cfg.period_ns).unwrap_or(i64::MAX);
+
+        let mut groups: HashMap<Arc<Labels>, PprofBuilder> = HashMap::new();
+        let mut aggregates: Vec<Aggregate> = std::mem::take(&mut self.aggregates).into_values().collect();
+        // Deterministic merge order.
+        aggregates.sort_by(|a, b| a.labels.cmp(&b.labels));
+        for agg in aggregates {
+            let Some(labels) = agg.labels else { continue };
+            let b = groups.entry(labels).or_insert_with(PprofBuilder::new);
+            let mut stacks: Vec<_> = agg.stacks.into_iter().collect();
+            stacks.sort();
+            for (frames, n) in stacks {
+                b.add(&mut self.sym, &frames, n);
+            }
+        }
+        let mut out = Vec::with_capacity(groups.len());
+        let mut groups: Vec<_> = groups.into_iter().collect();
+        groups.sort_by(|a, b| a.0.cmp(&b.0));
+        for (labels, b) in groups {
+            if b.is_empty() {
+                continue;
+            }
+            self.metrics.unsymbolized_locations.inc_by(b.unsymbolized_locations);
+            let p = b.finish(time_nanos, duration_nanos, period);
+            let mut pairs: Vec<LabelPair> = labels
+                .iter()
+                .map(|(k, v)| LabelPair {
+                    name: k.to_owned(),
+                    value: v.to_owned(),
+                })
+                .collect();
+            pairs.push(LabelPair {
+                name: "__name__".into(),
+                value: PROFILE_NAME.into(),
+            });
+            out.push(RawProfile {
+                labels: pairs,
+                pprof: encode_gzip(&p),
+                profile_id: uuid::Uuid::new_v4().as_bytes().to_vec(),
+            });
+        }
+        self.metrics.profiles_built.inc_by(out.len() as u64);
+        self.housekeeping();
+        out
+    }
+
+    fn housekeeping(&mut self) {
+        let interval = self.interval;
+        let proc = &self.proc;
+        // A process not sampled during the interval that just ended and no
+        // longer alive is forgotten.
+        self.processes
+            .retain(|_, p| p.last_interval >= interval || proc.alive(p.pid));
+        let mut expired = Vec::new();
+        self.skipped.retain(|&pid, _| {
+            let alive = proc.alive(pid);
+            if !alive {
+                expired.push(pid);
+            }
+            alive
+        });
+        self.expired_skips.extend(expired);
+        self.interval += 1;
+        self.sym.end_interval();
+        // Held here and by the symbolizer only: no process maps it any more.
+        self.unknown.retain(|_, o| Rc::strong_count(o) > 2);
+        let stats = self.sym.stats();
+        self.metrics.processes.set(self.processes.len() as i64);
+        self.metrics.symbolizer_objects.set(stats.objects as i64);
+        self.metrics
+            .symbolizer_cached_addresses
+            .set(stats.cached_addresses as i64);
+    }
+
+    /// Skipped processes that have exited since the last call, to remove
+    /// from the kernel's skip map.
+    pub(crate) fn take_expired_skips(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.expired_skips)
+    }
+
+    #[cfg(test)]
+    fn process_count(&self) -> usize {
+        self.processes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pprof::{decode, tests::folded};
+    use fathom_agent_ebpf::{EventHeader, comm_bytes, encode_event, parse_event};
+
+    fn collector(relabel: &str) -> Collector {
+        let mut reg = prometheus_client::registry::Registry::default();
+        Collector::new(
+            CollectorConfig {
+                node: "n1".into(),
+                period_ns: 52_631_578,
+                relabeler: Relabeler::from_yaml(relabel).unwrap(),
+            },
+            SymbolTable::parse_kallsyms("ffffffff81000000 T entry_SYSCALL_64\nffffffff81000100 T do_sys_write\n".as_bytes()).unwrap(),
+            Arc::new(Metrics::new(&mut reg)),
+        )
+    }
+
+    fn header(kind: EventKind, pid: u32, start_time: u64) -> EventHeader {
+        EventHeader {
+            kind,
+            pid,
+            tid: pid,
+            cpu: 0,
+            start_time,
+            ktime: 0,
+            comm: comm_bytes("t"),
+            pcomm: comm_bytes("proc-name"),
+            kframes: 0,
+            uframes: 0,
+            kerr: 0,
+            uerr: 0,
+        }
+    }
+
+    #[inline(never)]
+    fn leaf_for_collector_test() -> u64 {
+        std::hint::black_box(leaf_for_collector_test as *const () as u64 + 4)
+    }
+
+    #[inline(never)]
+    fn caller_for_collector_test() -> u64 {
+        std::hint::black_box(caller_for_collector_test as *const () as u64 + 9)
+    }
+
+    fn labels_of(r: &RawProfile) -> Vec<(String, String)> {
+        r.labels.iter().map(|l| (l.name.clone(), l.value.clone())).collect()
+    }
+
+    #[test]
+    fn own_process_end_to_end() {
+        let mut c = collector("");
+        let pid = std::process::id();
+        let leaf = leaf_for_collector_test();
+        let caller = caller_for_collector_test();
+        let b = encode_event(
+            &header(EventKind::Sample, pid, 77),
+            &[0xffffffff81000110, 0xffffffff81000010],
+            &[leaf, caller + 1],
+        );
+        for _ in 0..3 {
+            c.on_event(&parse_event(&b).unwrap());
+        }
+        let out = c.take_profiles();
+        assert_eq!(out.len(), 1);
+        let labels = labels_of(&out[0]);
+        let get = |k: &str| labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("pid"), Some(pid.to_string()));
+        assert_eq!(get("node").as_deref(), Some("n1"));
+        assert_eq!(get("comm").as_deref(), Some("proc-name"));
+        assert_eq!(get("__name__").as_deref(), Some(PROFILE_NAME));
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(get("executable"), Some(exe.display().to_string()));
+        assert_eq!(
+            get("service_name"),
+            Some(exe.file_name().unwrap().to_string_lossy().into_owned())
+        );
+        assert!(get("__meta_process_cgroup").is_none(), "meta labels are stripped");
+        let p = decode(&out[0].pprof, 1 << 24).unwrap();
+        let f = folded(&p);
+        assert_eq!(f.len(), 1);
+        let (stack, n) = &f[0];
+        assert_eq!(*n, 3);
+        let names: Vec<&str> = stack.split(';').collect();
+        assert!(names[0].ends_with("caller_for_collector_test"), "{stack}");
+        assert!(names[1].ends_with("leaf_for_collector_test"), "{stack}");
+        assert_eq!(&names[2..], ["entry_SYSCALL_64", "do_sys_write"]);
+        assert_eq!(p.sample[0].value, vec![3, 3 * 52_631_578]);
+        assert_eq!(p.period_type.as_ref().map(|v| p.string_table[v.r#type as usize].as_str()), Some("cpu"));
+        // The executable's mapping carries its path and build id.
+        let exe_map = p
+            .mapping
+            .iter()
+            .find(|m| p.string_table[m.filename as usize] == exe.display().to_string())
+            .expect("mapping of the test binary");
+        assert!(!p.string_table[exe_map.build_id as usize].is_empty());
+        assert!(exe_map.has_functions);
+        // Nothing left for the next interval.
+        assert!(c.take_profiles().is_empty());
+    }
+
+    #[test]
+    fn exited_process_is_not_lost_and_pid_reuse_is_a_new_process() {
+        let mut c = collector("");
+        // A pid that does not exist: the process exited before discovery.
+        let pid = u32::MAX - 7;
+        let b = encode_event(&header(EventKind::Sample, pid, 1), &[0xffffffff81000010], &[0x401000]);
+        c.on_event(&parse_event(&b).unwrap());
+        let b2 = encode_event(&header(EventKind::Sample, pid, 2), &[0xffffffff81000010], &[]);
+        c.on_event(&parse_event(&b2).unwrap());
+        assert_eq!(c.process_count(), 2);
+        let out = c.take_profiles();
+        // Two incarnations with identical labels merge into one profile.
+        assert_eq!(out.len(), 1);
+        let p = decode(&out[0].pprof, 1 << 24).unwrap();
+        let f = folded(&p);
+        assert_eq!(
+            f,
+            vec![
+                ("0x401000;entry_SYSCALL_64".to_string(), 1),
+                ("entry_SYSCALL_64".to_string(), 1)
+            ]
+        );
+        // Dead and unsampled: forgotten after the interval.
+        c.take_profiles();
+        assert_eq!(c.process_count(), 0);
+    }
+
+    #[test]
+    fn relabel_drop_requests_kernel_skip_and_keeps_samples_out() {
+        let mut c = collector(
+            "relabel_configs: [{source_labels: [comm], regex: 'proc-name', action: drop}]",
+        );
+        let b = encode_event(&header(EventKind::Sample, 4242, 5), &[0xffffffff81000010], &[]);
+        c.on_event(&parse_event(&b).unwrap());
+        c.on_event(&parse_event(&b).unwrap());
+        assert_eq!(c.take_new_skips(), vec![Skip { pid: 4242, start_time: 5 }]);
+        assert!(c.take_new_skips().is_empty());
+        assert!(c.take_profiles().is_empty());
+    }
+
+    #[test]
+    fn exec_starts_a_new_incarnation() {
+        let mut c = collector(
+            "relabel_configs: [{source_labels: [comm], target_label: service_name}]",
+        );
+        let pid = u32::MAX - 9;
+        let mut h = header(EventKind::Sample, pid, 1);
+        c.on_event(&parse_event(&encode_event(&h, &[0xffffffff81000010], &[])).unwrap());
+        h.kind = EventKind::Exec;
+        h.pcomm = comm_bytes("after-exec");
+        c.on_event(&parse_event(&encode_event(&h, &[], &[])).unwrap());
+        h.kind = EventKind::Sample;
+        c.on_event(&parse_event(&encode_event(&h, &[0xffffffff81000010], &[])).unwrap());
+        let out = c.take_profiles();
+        let mut names: Vec<String> = out
+            .iter()
+            .map(|r| labels_of(r).into_iter().find(|(k, _)| k == "service_name").unwrap().1)
+            .collect();
+        names.sort();
+        assert_eq!(names, vec!["after-exec", "proc-name"]);
+    }
+}

@@ -1,0 +1,491 @@
+//! Code objects (ELF files, the kernel, JIT perf maps, the vDSO) and turning
+//! an (object, address) frame into function names.
+//!
+//! - An ELF object is identified by its build id (or, without one, by device,
+//!   inode, size and mtime), so every process running the same binary shares
+//!   one parsed symbol table and one cache: cost grows with distinct code,
+//!   not with samples or processes. It is opened through the process
+//!   (`/proc/<pid>/root/<path>`, else `/proc/<pid>/map_files/…`) the first time
+//!   a process maps it and stays open (mmap'd) while used, so frames of a
+//!   process that already exited, or that lives in another mount namespace,
+//!   still symbolize.
+//! - ELF symbols and DWARF (with inlined functions) come from blazesym;
+//!   names are demangled here (Rust, C++).
+//! - Frame addresses are file offsets for ELF objects (stable across
+//!   processes and ASLR) and absolute addresses for the kernel and JITs.
+//! - Frames nobody can name keep their object and address; they become pprof
+//!   locations with a mapping and no function.
+//!
+//! Memory is bounded by eviction: an object no process maps any more and no
+//! frame used for `EVICT_AFTER` push intervals is dropped with its cache, and
+//! each object's address cache forgets addresses unused for as long.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use blazesym::helper::{ElfResolver, read_elf_build_id};
+use blazesym::symbolize::{FindSymOpts, Symbolize, TranslateFileOffset};
+
+use crate::symtab::SymbolTable;
+
+/// Push intervals after which unused objects and cached addresses are dropped.
+const EVICT_AFTER: u64 = 6;
+
+/// One frame of a stack, before symbolization: an object and an address in
+/// it (file offset for ELF objects, absolute otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct FrameKey {
+    pub(crate) object: u32,
+    pub(crate) addr: u64,
+}
+
+/// One function in a location's inline chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Line {
+    pub(crate) function: Rc<str>,
+    pub(crate) file: Rc<str>,
+    pub(crate) line: i64,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Elf(Option<ElfResolver>),
+    Kernel,
+    PerfMap(SymbolTable),
+    Vdso,
+    Unknown,
+}
+
+/// A code object: what a pprof mapping describes.
+#[derive(Debug)]
+pub(crate) struct Object {
+    pub(crate) id: u32,
+    /// Mapping file name: a path, `[kernel.kallsyms]`, `[vdso]`, `[jit]`…
+    pub(crate) name: String,
+    /// Hex build id, or empty.
+    pub(crate) build_id: String,
+    kind: Kind,
+    /// address → lines, innermost first; empty when unsymbolizable.
+    cache: RefCell<HashMap<u64, (Rc<[Line]>, u64)>>,
+    last_used: Cell<u64>,
+}
+
+impl Object {
+    pub(crate) fn is_kernel(&self) -> bool {
+        matches!(self.kind, Kind::Kernel)
+    }
+}
+
+/// Identity of a file on disk, for files without a build id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FileKey {
+    dev: u64,
+    inode: u64,
+    size: u64,
+    mtime: i64,
+}
+
+/// How much the symbolizer holds, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SymbolizerStats {
+    pub(crate) objects: usize,
+    pub(crate) cached_addresses: usize,
+}
+
+/// All code objects, and the kernel symbol table.
+pub(crate) struct Symbolizer {
+    objects: HashMap<u32, Rc<Object>>,
+    by_file: HashMap<FileKey, u32>,
+    by_build_id: HashMap<String, u32>,
+    kallsyms: SymbolTable,
+    kernel: Rc<Object>,
+    vdso: Rc<Object>,
+    next_id: u32,
+    /// Push intervals so far; the clock for eviction.
+    interval: u64,
+    strings: HashMap<Rc<str>, ()>,
+}
+
+fn demangle(name: &str) -> String {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        return format!("{d:#}");
+    }
+    if name.starts_with("_Z")
+        && let Ok(sym) = cpp_demangle::Symbol::new(name)
+        && let Ok(s) = sym.demangle_with_options(&cpp_demangle::DemangleOptions::new().no_params())
+    {
+        return s;
+    }
+    name.to_owned()
+}
+
+impl Symbolizer {
+    /// A symbolizer with the given kernel symbols (empty: kernel frames stay
+    /// unsymbolized).
+    pub(crate) fn new(kallsyms: SymbolTable) -> Self {
+        let mut s = Symbolizer {
+            objects: HashMap::new(),
+            by_file: HashMap::new(),
+            by_build_id: HashMap::new(),
+            kallsyms,
+            kernel: Rc::new(new_object(0, "[kernel.kallsyms]".into(), String::new(), Kind::Kernel)),
+            vdso: Rc::new(new_object(1, "[vdso]".into(), String::new(), Kind::Vdso)),
+            next_id: 2,
+            interval: 0,
+            strings: HashMap::new(),
+        };
+        s.objects.insert(0, s.kernel.clone());
+        s.objects.insert(1, s.vdso.clone());
+        s
+    }
+
+    /// Reads /proc/kallsyms; an unreadable or hidden one gives an empty table.
+    pub(crate) fn read_kallsyms() -> SymbolTable {
+        match fs::File::open("/proc/kallsyms") {
+            Ok(f) => SymbolTable::parse_kallsyms(std::io::BufReader::new(f)).unwrap_or_else(|error| {
+                tracing::warn!(%error, "reading /proc/kallsyms; kernel frames stay unsymbolized");
+                SymbolTable::default()
+            }),
+            Err(error) => {
+                tracing::warn!(%error, "opening /proc/kallsyms; kernel frames stay unsymbolized");
+                SymbolTable::default()
+            }
+        }
+    }
+
+    pub(crate) fn kernel(&self) -> &Rc<Object> {
+        &self.kernel
+    }
+
+    pub(crate) fn vdso(&self) -> &Rc<Object> {
+        &self.vdso
+    }
+
+    pub(crate) fn object(&self, id: u32) -> Option<&Rc<Object>> {
+        self.objects.get(&id)
+    }
+
+    fn add(&mut self, name: String, build_id: String, kind: Kind) -> Rc<Object> {
+        // Ids wrap only after 4 billion objects; skip ones still in use.
+        let mut id = self.next_id;
+        while self.objects.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        self.next_id = id.wrapping_add(1);
+        let o = Rc::new(new_object(id, name, build_id, kind));
+        o.last_used.set(self.interval);
+        self.objects.insert(id, o.clone());
+        o
+    }
+
+    /// An object for anonymous or special memory (no symbols).
+    pub(crate) fn unknown(&mut self, name: &str) -> Rc<Object> {
+        self.add(name.to_owned(), String::new(), Kind::Unknown)
+    }
+
+    /// An object for a process's JIT perf map.
+    pub(crate) fn perf_map(&mut self, name: String, table: SymbolTable) -> Rc<Object> {
+        self.add(name, String::new(), Kind::PerfMap(table))
+    }
+
+    /// The object for a file that process `pid` maps at `[start, end)`, as
+    /// named in its maps. Opens and parses the file on first sight; a file
+    /// that cannot be opened still gets an object (frames keep the path and
+    /// offset).
+    pub(crate) fn elf(
+        &mut self,
+        pid: u32,
+        path: &str,
+        dev: u64,
+        inode: u64,
+        start: u64,
+        end: u64,
+    ) -> Rc<Object> {
+        let display = path.strip_suffix(" (deleted)").unwrap_or(path);
+        let opened = open_path(pid, display, inode, start, end);
+        let meta = opened.as_ref().and_then(|p| fs::metadata(p).ok());
+        let key = FileKey {
+            dev,
+            inode,
+            size: meta.as_ref().map_or(0, |m| m.size()),
+            mtime: meta.as_ref().map_or(0, |m| m.mtime()),
+        };
+        if let Some(o) = self.by_file.get(&key).and_then(|id| self.objects.get(id)) {
+            return o.clone();
+        }
+        let Some(path) = opened.filter(|_| meta.is_some()) else {
+            tracing::debug!(pid, path = display, "cannot open mapped file; its frames stay unsymbolized");
+            let o = self.add(display.to_owned(), String::new(), Kind::Elf(None));
+            self.by_file.insert(key, o.id);
+            return o;
+        };
+        let build_id = match read_elf_build_id(&path) {
+            Ok(Some(b)) => hex(&b),
+            _ => String::new(),
+        };
+        if !build_id.is_empty()
+            && let Some(o) = self.by_build_id.get(&build_id).and_then(|id| self.objects.get(id))
+        {
+            let o = o.clone();
+            self.by_file.insert(key, o.id);
+            return o;
+        }
+        let resolver = match ElfResolver::open(&path) {
+            Ok(r) => Some(r),
+            Err(error) => {
+                tracing::debug!(pid, path = display, %error, "cannot parse ELF file");
+                None
+            }
+        };
+        let o = self.add(display.to_owned(), build_id.clone(), Kind::Elf(resolver));
+        self.by_file.insert(key, o.id);
+        if !build_id.is_empty() {
+            self.by_build_id.insert(build_id, o.id);
+        }
+        o
+    }
+
+    /// The inline chain (innermost first) at `addr` in object `id`, from the
+    /// cache or by symbolizing; empty when nothing names it.
+    pub(crate) fn lines(&mut self, id: u32, addr: u64) -> Rc<[Line]> {
+        let Some(o) = self.objects.get(&id).cloned() else {
+            return Rc::from(Vec::new());
+        };
+        o.last_used.set(self.interval);
+        if let Some((lines, used)) = o.cache.borrow_mut().get_mut(&addr) {
+            *used = self.interval;
+            return lines.clone();
+        }
+        let lines: Rc<[Line]> = Rc::from(self.resolve(&o, addr));
+        o.cache
+            .borrow_mut()
+            .insert(addr, (lines.clone(), self.interval));
+        lines
+    }
+
+    fn intern(&mut self, s: &str) -> Rc<str> {
+        if let Some((k, ())) = self.strings.get_key_value(s) {
+            return k.clone();
+        }
+        let k: Rc<str> = Rc::from(s);
+        self.strings.insert(k.clone(), ());
+        k
+    }
+
+    fn line(&mut self, function: &str, file: &str, line: Option<u32>) -> Line {
+        Line {
+            function: self.intern(function),
+            file: self.intern(file),
+            line: line.map_or(0, i64::from),
+        }
+    }
+
+    fn resolve(&mut self, o: &Object, addr: u64) -> Vec<Line> {
+        match &o.kind {
+            Kind::Kernel => match self.kallsyms.lookup(addr) {
+                Some(f) => {
+                    let (name, module) = (f.name.to_owned(), f.module.map(|m| format!("[{m}]")));
+                    vec![self.line(&name, module.as_deref().unwrap_or(""), None)]
+                }
+                None => Vec::new(),
+            },
+            Kind::PerfMap(t) => match t.lookup(addr) {
+                Some(f) => {
+                    let name = f.name.to_owned();
+                    vec![self.line(&name, "", None)]
+                }
+                None => Vec::new(),
+            },
+            Kind::Vdso => vec![self.line("[vdso]", "", None)],
+            Kind::Unknown | Kind::Elf(None) => Vec::new(),
+            Kind::Elf(Some(r)) => {
+                let Ok(Some(vaddr)) = r.file_offset_to_virt_offset(addr) else {
+                    return Vec::new();
+                };
+                let Ok(Ok(sym)) = r.find_sym(vaddr, &FindSymOpts::CodeInfoAndInlined) else {
+                    return Vec::new();
+                };
+                let file_of = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| {
+                    ci.map(|c| c.to_path().to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                };
+                let mut raw: Vec<(String, String, Option<u32>)> = Vec::new();
+                // blazesym gives the outer function first, each with the
+                // location inside it; pprof wants the innermost first.
+                raw.push((
+                    demangle(sym.name),
+                    file_of(sym.code_info.as_deref()),
+                    sym.code_info.as_ref().and_then(|c| c.line),
+                ));
+                for f in sym.inlined.iter() {
+                    raw.push((
+                        demangle(&f.name),
+                        file_of(f.code_info.as_ref()),
+                        f.code_info.as_ref().and_then(|c| c.line),
+                    ));
+                }
+                raw.reverse();
+                raw.iter()
+                    .filter(|(n, _, _)| !n.is_empty())
+                    .map(|(n, f, l)| self.line(n, f, *l))
+                    .collect()
+            }
+        }
+    }
+
+    /// Advances the eviction clock (once per push interval) and drops objects
+    /// and cached addresses unused for a while. Objects still referenced
+    /// elsewhere (a live process maps them) are kept.
+    pub(crate) fn end_interval(&mut self) {
+        self.interval += 1;
+        let now = self.interval;
+        let stale = |used: u64| now.saturating_sub(used) > EVICT_AFTER;
+        for o in self.objects.values() {
+            o.cache.borrow_mut().retain(|_, (_, used)| !stale(*used));
+        }
+        let kernel = self.kernel.id;
+        let vdso = self.vdso.id;
+        // The table holds the only reference to an object no process maps.
+        self.objects.retain(|&id, o| {
+            id == kernel || id == vdso || !(stale(o.last_used.get()) && Rc::strong_count(o) == 1)
+        });
+        let objects = &self.objects;
+        self.by_file.retain(|_, id| objects.contains_key(id));
+        self.by_build_id.retain(|_, id| objects.contains_key(id));
+        // Names no cached line refers to any more.
+        self.strings.retain(|k, ()| Rc::strong_count(k) > 1);
+    }
+
+    pub(crate) fn stats(&self) -> SymbolizerStats {
+        SymbolizerStats {
+            objects: self.objects.len(),
+            cached_addresses: self.objects.values().map(|o| o.cache.borrow().len()).sum(),
+        }
+    }
+}
+
+fn new_object(id: u32, name: String, build_id: String, kind: Kind) -> Object {
+    Object {
+        id,
+        name,
+        build_id,
+        kind,
+        cache: RefCell::new(HashMap::new()),
+        last_used: Cell::new(0),
+    }
+}
+
+/// A path through which the agent can read the file a process maps: the
+/// process's own view of the path (right mount namespace) when its inode
+/// matches, else the kernel's handle to the exact mapping.
+fn open_path(pid: u32, path: &str, inode: u64, start: u64, end: u64) -> Option<PathBuf> {
+    let rooted = Path::new("/proc")
+        .join(pid.to_string())
+        .join("root")
+        .join(path.trim_start_matches('/'));
+    if fs::metadata(&rooted).is_ok_and(|m| m.ino() == inode) {
+        return Some(rooted);
+    }
+    let handle = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+    if fs::metadata(&handle).is_ok() {
+        return Some(handle);
+    }
+    // The agent's own view (same mount namespace as the host).
+    let plain = PathBuf::from(path);
+    fs::metadata(&plain)
+        .is_ok_and(|m| m.ino() == inode)
+        .then_some(plain)
+}
+
+fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs::{Backing, Proc, find_mapping};
+
+    #[inline(never)]
+    fn marker_function_for_symbolizer_test() -> u64 {
+        std::hint::black_box(marker_function_for_symbolizer_test as *const () as u64)
+    }
+
+    #[test]
+    fn demangles() {
+        assert_eq!(
+            demangle("_ZN3foo3bar17h0123456789abcdefE"),
+            "foo::bar"
+        );
+        assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar");
+        assert_eq!(demangle("main.hot"), "main.hot");
+        assert_eq!(demangle("_Zgarbage"), "_Zgarbage");
+    }
+
+    #[test]
+    fn symbolizes_own_function_by_file_offset() {
+        let pid = std::process::id();
+        let addr = marker_function_for_symbolizer_test();
+        let maps = Proc::default().maps(pid).unwrap();
+        let m = find_mapping(&maps, addr).unwrap().clone();
+        let Backing::File { path, dev, inode } = &m.backing else {
+            panic!("own code not file-backed: {m:?}");
+        };
+        let mut s = Symbolizer::new(SymbolTable::default());
+        let o = s.elf(pid, path, *dev, *inode, m.start, m.end);
+        assert!(!o.build_id.is_empty(), "rustc emits a build id");
+        // Same file again: same object.
+        let o2 = s.elf(pid, path, *dev, *inode, m.start, m.end);
+        assert_eq!(o.id, o2.id);
+        let off = addr - m.start + m.offset;
+        let lines = s.lines(o.id, off);
+        assert!(
+            lines
+                .last()
+                .is_some_and(|l| l.function.ends_with("marker_function_for_symbolizer_test")),
+            "{lines:?}"
+        );
+        // Cached the second time (same Rc).
+        let again = s.lines(o.id, off);
+        assert!(Rc::ptr_eq(&lines, &again));
+        assert_eq!(s.stats().cached_addresses, 1);
+        // An address past the text has no symbol but does not fail.
+        assert!(s.lines(o.id, u64::MAX / 2).is_empty());
+    }
+
+    #[test]
+    fn missing_file_keeps_an_object() {
+        let mut s = Symbolizer::new(SymbolTable::default());
+        let o = s.elf(std::process::id(), "/nonexistent/bin", 1, 2, 0x1000, 0x2000);
+        assert_eq!(o.name, "/nonexistent/bin");
+        assert!(s.lines(o.id, 0x10).is_empty());
+    }
+
+    #[test]
+    fn kernel_and_perf_map_and_eviction() {
+        let k = SymbolTable::parse_kallsyms("ffffffff81000000 T start_kernel\n".as_bytes()).unwrap();
+        let mut s = Symbolizer::new(k);
+        let kid = s.kernel().id;
+        assert_eq!(&*s.lines(kid, 0xffffffff81000010)[0].function, "start_kernel");
+        let pm = SymbolTable::parse_perf_map("1000 100 jitted_fn\n".as_bytes()).unwrap();
+        let jit = s.perf_map("[jit]".into(), pm);
+        let jid = jit.id;
+        assert_eq!(&*s.lines(jid, 0x1010)[0].function, "jitted_fn");
+        drop(jit);
+        for _ in 0..=EVICT_AFTER + 1 {
+            s.end_interval();
+        }
+        assert!(s.object(jid).is_none(), "unused object evicted");
+        assert!(s.object(kid).is_some(), "kernel stays");
+        assert_eq!(s.stats().cached_addresses, 0);
+    }
+}

@@ -1,0 +1,183 @@
+//! What every Fathom API edge shares, so that a client sees the same status
+//! and message for the same mistake on HTTP and gRPC:
+//!
+//! - [`ApiError`]: one error type for request handling, with one mapping to
+//!   an HTTP status (and a JSON body `{"error": "…"}`) and one to a gRPC code;
+//! - [`tenant_from_headers`]: the tenant from `X-Scope-OrgID`, validated;
+//! - [`parse_time`]: unix milliseconds, RFC 3339 or `now[-duration]`.
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use fathom_model::TenantId;
+use http::{HeaderMap, StatusCode};
+
+/// The tenant header (Cortex/Pyroscope convention).
+pub const TENANT_HEADER: &str = "x-scope-orgid";
+
+/// A request failure, classified by who must act.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is wrong; retrying it unchanged fails again (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body or a part of it is over a limit (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// A per-tenant limit was hit (429).
+    #[error("{0}")]
+    RateLimited(String),
+    /// Not found (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The service cannot take the request now; retry later (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A bug or an unexpected failure of a dependency (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(msg: impl std::fmt::Display) -> Self {
+        ApiError::BadRequest(msg.to_string())
+    }
+
+    pub fn internal(msg: impl std::fmt::Display) -> Self {
+        ApiError::Internal(msg.to_string())
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn grpc_code(&self) -> tonic::Code {
+        match self {
+            ApiError::BadRequest(_) => tonic::Code::InvalidArgument,
+            ApiError::TooLarge(_) => tonic::Code::InvalidArgument,
+            ApiError::RateLimited(_) => tonic::Code::ResourceExhausted,
+            ApiError::NotFound(_) => tonic::Code::NotFound,
+            ApiError::Unavailable(_) => tonic::Code::Unavailable,
+            ApiError::Internal(_) => tonic::Code::Internal,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing_error(&self);
+        }
+        (status, Json(serde_json::json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        tonic::Status::new(e.grpc_code(), e.to_string())
+    }
+}
+
+fn tracing_error(e: &ApiError) {
+    tracing::error!(error = %e, "request failed");
+}
+
+/// The tenant of a request: `X-Scope-OrgID`, or `anonymous` when absent.
+pub fn tenant_from_headers(h: &HeaderMap) -> Result<TenantId, ApiError> {
+    match h.get(TENANT_HEADER) {
+        None => Ok(TenantId::anonymous()),
+        Some(v) => {
+            let s = v
+                .to_str()
+                .map_err(|_| ApiError::bad_request("X-Scope-OrgID is not valid ASCII"))?;
+            TenantId::new(s).map_err(|e| ApiError::bad_request(format!("X-Scope-OrgID: {e}")))
+        }
+    }
+}
+
+/// The tenant of a gRPC call, from the `x-scope-orgid` metadata.
+pub fn tenant_from_metadata(m: &tonic::metadata::MetadataMap) -> Result<TenantId, ApiError> {
+    match m.get(TENANT_HEADER) {
+        None => Ok(TenantId::anonymous()),
+        Some(v) => {
+            let s = v
+                .to_str()
+                .map_err(|_| ApiError::bad_request("x-scope-orgid is not valid ASCII"))?;
+            TenantId::new(s).map_err(|e| ApiError::bad_request(format!("x-scope-orgid: {e}")))
+        }
+    }
+}
+
+/// Parses a point in time as unix nanoseconds: an integer of unix
+/// milliseconds, an RFC 3339 timestamp, `now`, or `now-<duration>` (e.g.
+/// `now-1h`). `now_nanos` is the reference for `now`.
+pub fn parse_time(s: &str, now_nanos: i64) -> Result<i64, ApiError> {
+    let s = s.trim();
+    if let Ok(ms) = s.parse::<i64>() {
+        return ms
+            .checked_mul(1_000_000)
+            .ok_or_else(|| ApiError::bad_request(format!("time {s:?} is out of range")));
+    }
+    if s == "now" {
+        return Ok(now_nanos);
+    }
+    if let Some(d) = s.strip_prefix("now-") {
+        let d = humantime::parse_duration(d)
+            .map_err(|e| ApiError::bad_request(format!("time {s:?}: {e}")))?;
+        return Ok(now_nanos.saturating_sub(d.as_nanos().min(i64::MAX as u128) as i64));
+    }
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .and_then(|t| t.timestamp_nanos_opt())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "time {s:?} is neither unix milliseconds, RFC 3339 nor now[-duration]"
+            ))
+        })
+}
+
+/// Unix nanoseconds now.
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        let now = 10_000_000_000_000;
+        assert_eq!(parse_time("1500", now).unwrap(), 1_500_000_000);
+        assert_eq!(parse_time("now", now).unwrap(), now);
+        assert_eq!(parse_time("now-1s", now).unwrap(), now - 1_000_000_000);
+        assert_eq!(
+            parse_time("1970-01-01T00:00:01Z", now).unwrap(),
+            1_000_000_000
+        );
+        assert!(parse_time("yesterday", now).is_err());
+        assert!(parse_time("99999999999999999", now).is_err());
+    }
+
+    #[test]
+    fn tenants() {
+        let mut h = HeaderMap::new();
+        assert_eq!(tenant_from_headers(&h).unwrap().as_str(), "anonymous");
+        h.insert(TENANT_HEADER, "team-1".parse().unwrap());
+        assert_eq!(tenant_from_headers(&h).unwrap().as_str(), "team-1");
+        h.insert(TENANT_HEADER, "../etc".parse().unwrap());
+        let e = tenant_from_headers(&h).unwrap_err();
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert!(e.to_string().contains("X-Scope-OrgID"));
+    }
+}

@@ -1,0 +1,368 @@
+//! `POST /ingest`: the ingest convention that Pyroscope clients use.
+//!
+//! `name=<service>[.<kind>]{k=v,…}`, `from`/`until` (unix seconds),
+//! `format=pprof|folded` (default folded, as in Pyroscope), and for folded
+//! `units`, `sampleRate`, `aggregationType`. The body is raw or gzip'd
+//! (`Content-Encoding: gzip` or the gzip magic), or `multipart/form-data`
+//! with the profile in a `profile` part (the Go SDK's form).
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Query, Request, State};
+use axum::http::{HeaderMap, header};
+use axum::routing::post;
+use axum::Json;
+use fathom_api::{ApiError, now_nanos, tenant_from_headers};
+use fathom_model::{Labels, SERVICE_NAME, TenantId, valid_label_name};
+use serde_json::json;
+
+use crate::{Distributor, request_seed};
+
+/// The write routes, to be merged into the server's router.
+pub fn router(d: Distributor) -> axum::Router {
+    let limit = d.limits.max_body_bytes;
+    axum::Router::new()
+        .route("/ingest", post(ingest))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(d)
+}
+
+/// Kinds that Pyroscope clients append to the application name.
+const KINDS: &[&str] = &[
+    "cpu",
+    "itimer",
+    "wall",
+    "alloc_objects",
+    "alloc_space",
+    "inuse_objects",
+    "inuse_space",
+    "goroutines",
+    "mutex_count",
+    "mutex_duration",
+    "block_count",
+    "block_duration",
+    "exceptions",
+    "lock_count",
+    "lock_duration",
+];
+
+/// An application name: service, optional kind suffix, labels.
+#[derive(Debug, PartialEq)]
+pub(crate) struct AppName {
+    pub(crate) service: String,
+    pub(crate) kind: Option<String>,
+    pub(crate) labels: Labels,
+}
+
+/// Parses `service[.kind]{k=v, k2="v 2"}`.
+pub(crate) fn parse_app_name(s: &str) -> Result<AppName, ApiError> {
+    let s = s.trim();
+    let (head, body) = match s.find('{') {
+        Some(i) => {
+            let rest = &s[i + 1..];
+            let body = rest
+                .strip_suffix('}')
+                .ok_or_else(|| ApiError::bad_request(format!("name {s:?}: missing closing '}}'")))?;
+            (&s[..i], Some(body))
+        }
+        None => (s, None),
+    };
+    if head.is_empty() {
+        return Err(ApiError::bad_request("name: the application name is empty"));
+    }
+    let (service, kind) = match head.rsplit_once('.') {
+        Some((svc, k)) if KINDS.contains(&k) && !svc.is_empty() => (svc, Some(k.to_owned())),
+        _ => (head, None),
+    };
+    let mut pairs: Vec<(String, String)> = vec![(SERVICE_NAME.to_owned(), service.to_owned())];
+    if let Some(body) = body {
+        for part in split_top(body) {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                ApiError::bad_request(format!("name: label {part:?} is not key=value"))
+            })?;
+            let k = k.trim();
+            let v = v.trim();
+            let v = v
+                .strip_prefix('"')
+                .and_then(|x| x.strip_suffix('"'))
+                .unwrap_or(v);
+            if !valid_label_name(k) {
+                return Err(ApiError::bad_request(format!(
+                    "name: label name {k:?} is not valid: use [a-zA-Z_][a-zA-Z0-9_.]*"
+                )));
+            }
+            if k == "__name__" || k == SERVICE_NAME {
+                continue;
+            }
+            pairs.push((k.to_owned(), v.to_owned()));
+        }
+    }
+    let labels = Labels::from_pairs(pairs).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
+    Ok(AppName {
+        service: service.to_owned(),
+        kind,
+        labels,
+    })
+}
+
+/// Splits on commas outside double quotes.
+fn split_top(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut quoted = false;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// Inflates gzip with a hard bound on the output.
+pub(crate) fn gunzip_bounded(b: &[u8], limit: usize) -> Result<Vec<u8>, ApiError> {
+    let mut out = Vec::new();
+    let mut d = flate2::read::MultiGzDecoder::new(b).take(limit as u64 + 1);
+    d.read_to_end(&mut out)
+        .map_err(|e| ApiError::bad_request(format!("body is not valid gzip: {e}")))?;
+    if out.len() > limit {
+        return Err(ApiError::TooLarge(format!(
+            "decompressed body is larger than the limit of {limit} bytes"
+        )));
+    }
+    Ok(out)
+}
+
+/// A Pyroscope time: unix seconds (milliseconds or nanoseconds when the
+/// number is too large to be seconds), as nanoseconds.
+fn pyroscope_time(name: &str, s: &str) -> Result<i64, ApiError> {
+    let v: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("{name} {s:?} is not a unix time in seconds")))?;
+    let nanos = if v < 0 {
+        return Err(ApiError::bad_request(format!("{name} {s:?} is negative")));
+    } else if v < 100_000_000_000 {
+        v.checked_mul(1_000_000_000)
+    } else if v < 100_000_000_000_000 {
+        v.checked_mul(1_000_000)
+    } else {
+        Some(v)
+    };
+    nanos.ok_or_else(|| ApiError::bad_request(format!("{name} {s:?} is out of range")))
+}
+
+async fn ingest(
+    State(d): State<Distributor>,
+    Query(p): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    req: Request,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let r = ingest_inner(&d, &p, &headers, req).await;
+    d.count("http", if r.is_ok() { "ok" } else { "error" });
+    let (profiles, samples) = r?;
+    Ok(Json(json!({ "profiles": profiles, "samples": samples })))
+}
+
+async fn body_bytes(d: &Distributor, headers: &HeaderMap, req: Request) -> Result<Bytes, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct.starts_with("multipart/form-data") {
+        let mut mp = Multipart::from_request(req, &())
+            .await
+            .map_err(|e| ApiError::bad_request(format!("multipart body: {e}")))?;
+        while let Some(field) = mp
+            .next_field()
+            .await
+            .map_err(|e| ApiError::bad_request(format!("multipart body: {e}")))?
+        {
+            if field.name() == Some("profile") {
+                return field
+                    .bytes()
+                    .await
+                    .map_err(|e| ApiError::bad_request(format!("multipart part 'profile': {e}")));
+            }
+        }
+        return Err(ApiError::bad_request("multipart body has no 'profile' part"));
+    }
+    axum::body::to_bytes(req.into_body(), d.limits.max_body_bytes)
+        .await
+        .map_err(|_| {
+            ApiError::TooLarge(format!(
+                "request body is larger than the limit of {} bytes",
+                d.limits.max_body_bytes
+            ))
+        })
+}
+
+async fn ingest_inner(
+    d: &Distributor,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+    req: Request,
+) -> Result<(usize, usize), ApiError> {
+    let tenant: TenantId = tenant_from_headers(headers)?;
+    let name = p
+        .get("name")
+        .ok_or_else(|| ApiError::bad_request("the name parameter is required, e.g. name=myapp.cpu{env=prod}"))?;
+    let app = parse_app_name(name)?;
+    let format = p.get("format").map(String::as_str).unwrap_or("folded");
+    if !matches!(format, "pprof" | "folded") {
+        return Err(ApiError::bad_request(format!(
+            "format {format:?} is not supported; use pprof or folded"
+        )));
+    }
+    let from = p.get("from").map(|s| pyroscope_time("from", s)).transpose()?;
+    let until = p.get("until").map(|s| pyroscope_time("until", s)).transpose()?;
+    if let (Some(f), Some(u)) = (from, until) {
+        if u < f {
+            return Err(ApiError::bad_request("until is before from"));
+        }
+    }
+    let duration = match (from, until) {
+        (Some(f), Some(u)) => Some(u - f),
+        _ => None,
+    };
+    let gz_header = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
+    let raw = body_bytes(d, headers, req).await?;
+    d.metrics.bytes.inc_by(raw.len() as u64);
+    if raw.is_empty() {
+        return Err(ApiError::bad_request("request body is empty"));
+    }
+    let limit = d.limits.max_decompressed_bytes;
+    let body: Vec<u8> = if gz_header || raw.starts_with(&[0x1f, 0x8b]) {
+        gunzip_bounded(&raw, limit)?
+    } else {
+        raw.to_vec()
+    };
+    let seed = request_seed(
+        &tenant,
+        &[name, format, p.get("from").map(String::as_str).unwrap_or(""), p.get("until").map(String::as_str).unwrap_or("")],
+        &Labels::new(),
+        &body,
+    );
+    let plimits = fathom_pprof::Limits {
+        max_decompressed_bytes: limit,
+        max_samples: d.limits.max_samples,
+        ..Default::default()
+    };
+    let labels = app.labels.clone();
+    let kind = app.kind.clone();
+    let units = p.get("units").cloned();
+    let sample_rate = p
+        .get("sampleRate")
+        .map(|s| {
+            s.parse::<u32>()
+                .ok()
+                .filter(|v| *v > 0)
+                .ok_or_else(|| ApiError::bad_request(format!("sampleRate {s:?} is not a positive integer")))
+        })
+        .transpose()?;
+    let aggregation = match p.get("aggregationType").map(String::as_str) {
+        None | Some("sum") | Some("") => fathom_pprof::Aggregation::Sum,
+        Some("average") | Some("avg") => fathom_pprof::Aggregation::Average,
+        Some(o) => {
+            return Err(ApiError::bad_request(format!(
+                "aggregationType {o:?} is not sum or average"
+            )));
+        }
+    };
+    let is_pprof = format == "pprof";
+    let normalized = tokio::task::spawn_blocking(move || -> Result<fathom_pprof::Normalized, ApiError> {
+        if is_pprof {
+            let prof = fathom_pprof::decode(&body, &plimits)
+                .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))?;
+            fathom_pprof::normalize(
+                &prof,
+                &fathom_pprof::NormalizeOptions {
+                    labels,
+                    name_hint: kind,
+                    time_nanos_override: from,
+                    duration_nanos_override: duration,
+                    profile_id_seed: seed,
+                },
+            )
+            .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))
+        } else {
+            fathom_pprof::parse_folded(
+                &body,
+                &fathom_pprof::FoldedOptions {
+                    labels,
+                    name_hint: kind,
+                    units,
+                    sample_rate,
+                    aggregation,
+                    time_nanos: from,
+                    duration_nanos: duration,
+                    profile_id_seed: seed,
+                },
+                &plimits,
+            )
+            .map_err(|e| ApiError::bad_request(format!("invalid folded profile: {e}")))
+        }
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
+    let batch = fathom_model::IngestBatch {
+        tenant,
+        profiles: normalized.profiles,
+        symbols: normalized.symbols,
+    };
+    d.accept(batch, now_nanos()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn app_names() {
+        let a = parse_app_name("myapp.cpu{env=prod, region=\"us-east, 1\"}").unwrap();
+        assert_eq!(a.service, "myapp");
+        assert_eq!(a.kind.as_deref(), Some("cpu"));
+        assert_eq!(a.labels.get("region"), Some("us-east, 1"));
+        assert_eq!(a.labels.get("service_name"), Some("myapp"));
+        let b = parse_app_name("my.app").unwrap();
+        assert_eq!((b.service.as_str(), b.kind), ("my.app", None));
+        assert!(parse_app_name("x{a}").is_err());
+        assert!(parse_app_name("x{a=b").is_err());
+        assert!(parse_app_name("{a=b}").is_err());
+        assert!(parse_app_name("x{1a=b}").is_err());
+    }
+
+    #[test]
+    fn gzip_bomb_is_refused() {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(&vec![0u8; 1 << 20]).unwrap();
+        let gz = e.finish().unwrap();
+        let err = gunzip_bounded(&gz, 1000).unwrap_err();
+        assert!(matches!(err, ApiError::TooLarge(_)), "{err}");
+        assert_eq!(gunzip_bounded(&gz, 1 << 20).unwrap().len(), 1 << 20);
+        assert!(gunzip_bounded(b"\x1f\x8bjunk", 100).is_err());
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(pyroscope_time("from", "10").unwrap(), 10_000_000_000);
+        assert_eq!(pyroscope_time("from", "1700000000000").unwrap(), 1_700_000_000_000_000_000);
+        assert!(pyroscope_time("from", "-1").is_err());
+        assert!(pyroscope_time("from", "abc").is_err());
+    }
+}

@@ -1,0 +1,504 @@
+//! Decoding raw bytes into a validated pprof [`pprof::Profile`].
+
+use std::borrow::Cow;
+
+use fathom_proto::pprof;
+use prost::Message;
+
+use crate::gzip::{GunzipError, gunzip, is_gzip};
+use crate::index::{IdIndex, IndexError};
+use crate::legacy::{self, LegacyError};
+use crate::Limits;
+
+/// Why bytes could not be decoded as a profile.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The input has zero bytes (after decompression).
+    #[error("the profile is empty (zero bytes)")]
+    Empty,
+    /// The gzip stream is corrupt or truncated.
+    #[error("the gzip stream is corrupt or truncated: {0}")]
+    Gzip(std::io::Error),
+    /// The (decompressed) input is larger than allowed.
+    #[error("the decompressed profile is larger than the limit of {limit} bytes")]
+    TooLarge { limit: usize },
+    /// Neither the protobuf decoder nor any legacy parser accepts the input.
+    #[error(
+        "not a pprof profile: not a valid protobuf ({protobuf}), and not any legacy text or binary format either"
+    )]
+    NotAProfile { protobuf: String },
+    /// A legacy parser recognized the input but found it malformed.
+    #[error("malformed legacy profile: {0}")]
+    Legacy(LegacyError),
+    /// A table of the profile is larger than allowed.
+    #[error("the profile has {count} {what}; the limit is {limit}")]
+    LimitExceeded {
+        what: &'static str,
+        count: usize,
+        limit: usize,
+    },
+    /// The string table does not start with "".
+    #[error("string_table[0] must be the empty string, found {0:?}")]
+    StringTableStart(String),
+    /// A string index is out of range.
+    #[error("{what} refers to string {index}, but the string table has {len} entries")]
+    StringIndex { what: String, index: i64, len: usize },
+    /// A mapping, location or function has the reserved id 0.
+    #[error("{what} {index} has id 0, which pprof reserves")]
+    ZeroId { what: &'static str, index: usize },
+    /// Two mappings, locations or functions share an id.
+    #[error("two {what}s have id {id}")]
+    DuplicateId { what: &'static str, id: u64 },
+    /// A sample has a different number of values than sample types.
+    #[error("sample {sample} has {got} values, but the profile declares {want} sample types")]
+    ValueCount {
+        sample: usize,
+        got: usize,
+        want: usize,
+    },
+    /// A sample refers to a location that does not exist.
+    #[error("sample {sample} refers to location {location}, which the profile does not define")]
+    UnknownLocation { sample: usize, location: u64 },
+    /// A location refers to a mapping that does not exist.
+    #[error("location {location} refers to mapping {mapping}, which the profile does not define")]
+    UnknownMapping { location: u64, mapping: u64 },
+    /// A location line refers to a function that does not exist.
+    #[error("location {location} refers to function {function}, which the profile does not define")]
+    UnknownFunction { location: u64, function: u64 },
+}
+
+/// Decodes a profile: gzip'd or raw pprof protobuf, or any legacy format
+/// `go tool pprof` reads (see the [`crate`] docs), then validates it.
+///
+/// - gzip input (magic `1f 8b`) is decompressed, all members, never past
+///   [`Limits::max_decompressed_bytes`];
+/// - table sizes are checked against `limits` *before* the protobuf is
+///   materialized, so a small hostile input cannot allocate without bound;
+/// - strings that are not valid UTF-8 are decoded leniently: each invalid
+///   sequence becomes U+FFFD (Go's pprof does not validate UTF-8 at all;
+///   prost would reject the whole profile);
+/// - if the bytes are not a valid protobuf profile, the legacy parsers are
+///   tried in Go's order;
+/// - the result is validated: string indices in range, string_table[0]
+///   empty, ids non-zero and unique, every referenced location, mapping and
+///   function defined (id 0 means "none" for a location's mapping and a
+///   line's function), one value per sample type.
+///
+/// Never panics, whatever the input.
+pub fn decode(bytes: &[u8], limits: &Limits) -> Result<pprof::Profile, DecodeError> {
+    let data: Cow<'_, [u8]> = if is_gzip(bytes) {
+        Cow::Owned(
+            gunzip(bytes, limits.max_decompressed_bytes).map_err(|e| match e {
+                GunzipError::Corrupt(e) => DecodeError::Gzip(e),
+                GunzipError::TooLarge => DecodeError::TooLarge {
+                    limit: limits.max_decompressed_bytes,
+                },
+            })?,
+        )
+    } else {
+        if bytes.len() > limits.max_decompressed_bytes {
+            return Err(DecodeError::TooLarge {
+                limit: limits.max_decompressed_bytes,
+            });
+        }
+        Cow::Borrowed(bytes)
+    };
+    if data.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    let protobuf_err = match decode_protobuf(&data, limits) {
+        Ok(p) => match validate(&p, limits) {
+            Ok(()) => return Ok(p),
+            Err(e) => e,
+        },
+        Err(e @ DecodeError::LimitExceeded { .. }) => return Err(e),
+        Err(e) => e,
+    };
+    match legacy::parse(&data, limits) {
+        Ok(p) => {
+            validate(&p, limits)?;
+            Ok(p)
+        }
+        // Not legacy either: report why it is not a valid protobuf profile
+        // (a framing error, or the validation error of what did decode).
+        Err(LegacyError::Unrecognized) => Err(protobuf_err),
+        Err(e) => Err(DecodeError::Legacy(e)),
+    }
+}
+
+/// The wire form of `perftools.profiles.Profile`, except that strings are
+/// bytes so invalid UTF-8 can be repaired instead of failing the decode.
+#[derive(Clone, PartialEq, Message)]
+struct WireProfile {
+    #[prost(message, repeated, tag = "1")]
+    sample_type: Vec<pprof::ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    sample: Vec<pprof::Sample>,
+    #[prost(message, repeated, tag = "3")]
+    mapping: Vec<pprof::Mapping>,
+    #[prost(message, repeated, tag = "4")]
+    location: Vec<pprof::Location>,
+    #[prost(message, repeated, tag = "5")]
+    function: Vec<pprof::Function>,
+    #[prost(bytes = "vec", repeated, tag = "6")]
+    string_table: Vec<Vec<u8>>,
+    #[prost(int64, tag = "7")]
+    drop_frames: i64,
+    #[prost(int64, tag = "8")]
+    keep_frames: i64,
+    #[prost(int64, tag = "9")]
+    time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    period_type: Option<pprof::ValueType>,
+    #[prost(int64, tag = "12")]
+    period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    comment: Vec<i64>,
+    #[prost(int64, tag = "14")]
+    default_sample_type: i64,
+    #[prost(int64, tag = "15")]
+    doc_url: i64,
+}
+
+/// Counts of the top-level repeated fields, from a structural pre-scan.
+#[derive(Default)]
+struct Counts {
+    sample_types: usize,
+    samples: usize,
+    mappings: usize,
+    locations: usize,
+    functions: usize,
+    strings: usize,
+}
+
+fn read_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut v: u64 = 0;
+    for shift in 0..10 {
+        let byte = *b.get(*pos)?;
+        *pos += 1;
+        v |= u64::from(byte & 0x7f) << (7 * shift);
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Walks the top-level fields without allocating: checks the framing and
+/// counts the repeated messages, so limits apply before decoding.
+fn prescan(b: &[u8]) -> Result<Counts, String> {
+    let mut c = Counts::default();
+    let mut pos = 0;
+    while pos < b.len() {
+        let at = pos;
+        let key = read_varint(b, &mut pos).ok_or_else(|| format!("bad field key at byte {at}"))?;
+        let field = key >> 3;
+        match key & 7 {
+            0 => {
+                read_varint(b, &mut pos).ok_or_else(|| format!("bad varint at byte {pos}"))?;
+            }
+            1 => pos = pos.checked_add(8).filter(|&p| p <= b.len()).ok_or("truncated 64-bit field")?,
+            5 => pos = pos.checked_add(4).filter(|&p| p <= b.len()).ok_or("truncated 32-bit field")?,
+            2 => {
+                let len = read_varint(b, &mut pos).ok_or("bad length")?;
+                pos = usize::try_from(len)
+                    .ok()
+                    .and_then(|l| pos.checked_add(l))
+                    .filter(|&p| p <= b.len())
+                    .ok_or_else(|| format!("field {field} at byte {at} runs past the end"))?;
+            }
+            w => return Err(format!("unsupported wire type {w} at byte {at}")),
+        }
+        match field {
+            0 => return Err(format!("field number 0 at byte {at}")),
+            1 => c.sample_types += 1,
+            2 => c.samples += 1,
+            3 => c.mappings += 1,
+            4 => c.locations += 1,
+            5 => c.functions += 1,
+            6 => c.strings += 1,
+            _ => {}
+        }
+    }
+    Ok(c)
+}
+
+fn check_limit(what: &'static str, count: usize, limit: usize) -> Result<(), DecodeError> {
+    if count > limit {
+        return Err(DecodeError::LimitExceeded { what, count, limit });
+    }
+    Ok(())
+}
+
+fn decode_protobuf(data: &[u8], limits: &Limits) -> Result<pprof::Profile, DecodeError> {
+    let not = |protobuf: String| DecodeError::NotAProfile { protobuf };
+    let counts = prescan(data).map_err(not)?;
+    check_limit("sample types", counts.sample_types, limits.max_sample_types)?;
+    check_limit("samples", counts.samples, limits.max_samples)?;
+    check_limit("mappings", counts.mappings, limits.max_mappings)?;
+    check_limit("locations", counts.locations, limits.max_locations)?;
+    check_limit("functions", counts.functions, limits.max_functions)?;
+    check_limit("strings", counts.strings, limits.max_strings)?;
+    let w = WireProfile::decode(data).map_err(|e| not(e.to_string()))?;
+    Ok(pprof::Profile {
+        sample_type: w.sample_type,
+        sample: w.sample,
+        mapping: w.mapping,
+        location: w.location,
+        function: w.function,
+        string_table: w
+            .string_table
+            .into_iter()
+            .map(|b| {
+                String::from_utf8(b)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+            })
+            .collect(),
+        drop_frames: w.drop_frames,
+        keep_frames: w.keep_frames,
+        time_nanos: w.time_nanos,
+        duration_nanos: w.duration_nanos,
+        period_type: w.period_type,
+        period: w.period,
+        comment: w.comment,
+        default_sample_type: w.default_sample_type,
+        doc_url: w.doc_url,
+    })
+}
+
+/// Checks a profile's internal consistency and size (see [`decode`]).
+///
+/// [`decode`] already calls this; it is public for profiles built or
+/// modified in memory.
+pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> {
+    check_limit("sample types", p.sample_type.len(), limits.max_sample_types)?;
+    check_limit("samples", p.sample.len(), limits.max_samples)?;
+    check_limit("mappings", p.mapping.len(), limits.max_mappings)?;
+    check_limit("locations", p.location.len(), limits.max_locations)?;
+    check_limit("functions", p.function.len(), limits.max_functions)?;
+    check_limit("strings", p.string_table.len(), limits.max_strings)?;
+    if let Some(first) = p.string_table.first()
+        && !first.is_empty()
+    {
+        return Err(DecodeError::StringTableStart(first.clone()));
+    }
+    let len = p.string_table.len();
+    let check = |index: i64, what: &dyn Fn() -> String| -> Result<(), DecodeError> {
+        if index == 0 || usize::try_from(index).is_ok_and(|i| i < len) {
+            Ok(())
+        } else {
+            Err(DecodeError::StringIndex {
+                what: what(),
+                index,
+                len,
+            })
+        }
+    };
+    for (i, st) in p.sample_type.iter().enumerate() {
+        check(st.r#type, &|| format!("sample type {i}"))?;
+        check(st.unit, &|| format!("the unit of sample type {i}"))?;
+    }
+    if let Some(pt) = &p.period_type {
+        check(pt.r#type, &|| "the period type".to_owned())?;
+        check(pt.unit, &|| "the period unit".to_owned())?;
+    }
+    check(p.drop_frames, &|| "drop_frames".to_owned())?;
+    check(p.keep_frames, &|| "keep_frames".to_owned())?;
+    check(p.default_sample_type, &|| "default_sample_type".to_owned())?;
+    check(p.doc_url, &|| "doc_url".to_owned())?;
+    for (i, &c) in p.comment.iter().enumerate() {
+        check(c, &|| format!("comment {i}"))?;
+    }
+    for m in &p.mapping {
+        check(m.filename, &|| format!("the file name of mapping {}", m.id))?;
+        check(m.build_id, &|| format!("the build id of mapping {}", m.id))?;
+    }
+    for f in &p.function {
+        check(f.name, &|| format!("the name of function {}", f.id))?;
+        check(f.system_name, &|| format!("the system name of function {}", f.id))?;
+        check(f.filename, &|| format!("the file name of function {}", f.id))?;
+    }
+    let index = |what: &'static str, r: Result<IdIndex, IndexError>| {
+        r.map_err(|e| match e {
+            IndexError::Zero(index) => DecodeError::ZeroId { what, index },
+            IndexError::Duplicate(id) => DecodeError::DuplicateId { what, id },
+        })
+    };
+    let mappings = index("mapping", IdIndex::new(p.mapping.iter().map(|m| m.id)))?;
+    let functions = index("function", IdIndex::new(p.function.iter().map(|f| f.id)))?;
+    let locations = index("location", IdIndex::new(p.location.iter().map(|l| l.id)))?;
+    for l in &p.location {
+        if l.mapping_id != 0 && mappings.get(l.mapping_id).is_none() {
+            return Err(DecodeError::UnknownMapping {
+                location: l.id,
+                mapping: l.mapping_id,
+            });
+        }
+        for line in &l.line {
+            if line.function_id != 0 && functions.get(line.function_id).is_none() {
+                return Err(DecodeError::UnknownFunction {
+                    location: l.id,
+                    function: line.function_id,
+                });
+            }
+        }
+    }
+    let want = p.sample_type.len();
+    for (i, s) in p.sample.iter().enumerate() {
+        if s.value.len() != want {
+            return Err(DecodeError::ValueCount {
+                sample: i,
+                got: s.value.len(),
+                want,
+            });
+        }
+        for &l in &s.location_id {
+            if locations.get(l).is_none() {
+                return Err(DecodeError::UnknownLocation {
+                    sample: i,
+                    location: l,
+                });
+            }
+        }
+        for (j, l) in s.label.iter().enumerate() {
+            check(l.key, &|| format!("label {j} of sample {i}"))?;
+            check(l.str, &|| format!("the value of label {j} of sample {i}"))?;
+            check(l.num_unit, &|| format!("the unit of label {j} of sample {i}"))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> pprof::Profile {
+        pprof::Profile {
+            sample_type: vec![pprof::ValueType { r#type: 1, unit: 2 }],
+            sample: vec![pprof::Sample {
+                location_id: vec![1],
+                value: vec![5],
+                label: vec![],
+            }],
+            location: vec![pprof::Location {
+                id: 1,
+                line: vec![pprof::Line {
+                    function_id: 1,
+                    line: 3,
+                    column: 0,
+                }],
+                ..Default::default()
+            }],
+            function: vec![pprof::Function {
+                id: 1,
+                name: 3,
+                ..Default::default()
+            }],
+            string_table: vec!["".into(), "cpu".into(), "nanoseconds".into(), "main".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn round_trips_raw_and_gzip() {
+        let raw = tiny().encode_to_vec();
+        let p = decode(&raw, &Limits::default()).expect("decodes");
+        assert_eq!(p, tiny());
+        let gz = crate::encode::gzip(&raw);
+        assert_eq!(decode(&gz, &Limits::default()).expect("decodes"), tiny());
+    }
+
+    #[test]
+    fn names_the_dangling_reference() {
+        let mut p = tiny();
+        p.sample[0].location_id = vec![99];
+        let e = decode(&p.encode_to_vec(), &Limits::default()).expect_err("invalid");
+        assert_eq!(
+            e.to_string(),
+            "sample 0 refers to location 99, which the profile does not define"
+        );
+        let mut p = tiny();
+        p.location[0].line[0].function_id = 7;
+        assert!(matches!(
+            validate(&p, &Limits::default()),
+            Err(DecodeError::UnknownFunction { location: 1, function: 7 })
+        ));
+        let mut p = tiny();
+        p.location[0].mapping_id = 4;
+        assert!(matches!(
+            validate(&p, &Limits::default()),
+            Err(DecodeError::UnknownMapping { location: 1, mapping: 4 })
+        ));
+    }
+
+    #[test]
+    fn other_validation_errors() {
+        let l = Limits::default();
+        let mut p = tiny();
+        p.function[0].name = 17;
+        assert!(matches!(validate(&p, &l), Err(DecodeError::StringIndex { index: 17, .. })));
+        let mut p = tiny();
+        p.sample[0].value.push(1);
+        assert!(matches!(
+            validate(&p, &l),
+            Err(DecodeError::ValueCount { sample: 0, got: 2, want: 1 })
+        ));
+        let mut p = tiny();
+        p.string_table[0] = "x".into();
+        assert!(matches!(validate(&p, &l), Err(DecodeError::StringTableStart(_))));
+        let mut p = tiny();
+        p.location.push(p.location[0].clone());
+        assert!(matches!(
+            validate(&p, &l),
+            Err(DecodeError::DuplicateId { what: "location", id: 1 })
+        ));
+        let mut p = tiny();
+        p.function[0].id = 0;
+        assert!(matches!(validate(&p, &l), Err(DecodeError::ZeroId { what: "function", .. })));
+    }
+
+    #[test]
+    fn limits_apply_before_decoding() {
+        let mut p = tiny();
+        p.sample = vec![p.sample[0].clone(); 10];
+        let limits = Limits {
+            max_samples: 9,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            decode(&p.encode_to_vec(), &limits),
+            Err(DecodeError::LimitExceeded { what: "samples", count: 10, limit: 9 })
+        ));
+        let limits = Limits {
+            max_decompressed_bytes: 3,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            decode(&p.encode_to_vec(), &limits),
+            Err(DecodeError::TooLarge { limit: 3 })
+        ));
+    }
+
+    #[test]
+    fn invalid_utf8_is_repaired() {
+        let mut raw = tiny().encode_to_vec();
+        let at = raw
+            .windows(4)
+            .position(|w| w == b"main")
+            .expect("string present");
+        raw[at] = 0xff;
+        let p = decode(&raw, &Limits::default()).expect("decodes leniently");
+        assert_eq!(p.string_table[3], "\u{fffd}ain");
+    }
+
+    #[test]
+    fn garbage_and_empty() {
+        let l = Limits::default();
+        assert!(matches!(decode(b"", &l), Err(DecodeError::Empty)));
+        assert!(matches!(decode(b"hello world\n", &l), Err(DecodeError::NotAProfile { .. })));
+        assert!(matches!(decode(&[0x1f, 0x8b, 1, 2], &l), Err(DecodeError::Gzip(_))));
+    }
+}

@@ -1,0 +1,735 @@
+//! Turning a decoded pprof into Fathom profiles and symbols.
+
+use std::collections::HashMap;
+
+use fathom_model::{
+    Function, Id, IdHasher, Labels, Line, Location, Mapping, Profile, ProfileType, Sample, Stack,
+    Symbols,
+};
+use fathom_proto::pprof;
+
+use crate::index::{IdIndex, IndexError};
+
+/// The default for [`NormalizeOptions::max_series`].
+pub const DEFAULT_MAX_SERIES: usize = 10_000;
+
+/// Sample label keys that never become series labels: per-sample ids whose
+/// values are unique, so they would create a series per sample.
+pub const IGNORED_SAMPLE_LABELS: [&str; 2] = ["span_id", "profile_id"];
+
+/// How to turn one pprof into Fathom profiles.
+#[derive(Clone, Debug)]
+pub struct NormalizeOptions {
+    /// Series labels for every output profile, including `service_name`.
+    /// Sample labels never override them.
+    pub labels: Labels,
+    /// A Pyroscope-style profile name suffix (`cpu`, `alloc_objects`,
+    /// `inuse_space`, `goroutines`, `mutex_count`, `block_duration`,
+    /// `itimer`, `wall`, ...). It only decides the profile name when the
+    /// sample types do not (see [`profile_type`]).
+    pub name_hint: Option<String>,
+    /// Replaces the pprof's `time_nanos`.
+    pub time_nanos_override: Option<i64>,
+    /// Replaces the pprof's `duration_nanos`.
+    pub duration_nanos_override: Option<i64>,
+    /// Seeds the output profile ids: the same seed, type and labels always
+    /// give the same id (replicas of a write share it).
+    pub profile_id_seed: Id,
+    /// The most distinct label sets (series) one pprof may produce.
+    pub max_series: usize,
+}
+
+impl Default for NormalizeOptions {
+    fn default() -> Self {
+        NormalizeOptions {
+            labels: Labels::new(),
+            name_hint: None,
+            time_nanos_override: None,
+            duration_nanos_override: None,
+            profile_id_seed: Id::ZERO,
+            max_series: DEFAULT_MAX_SERIES,
+        }
+    }
+}
+
+/// Profiles plus the symbols their samples refer to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Normalized {
+    pub profiles: Vec<Profile>,
+    pub symbols: Symbols,
+}
+
+/// Why a pprof could not be normalized. [`crate::decode`] output never
+/// fails except for [`NormalizeError::TooManySeries`]; the other variants
+/// exist for profiles built in memory.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NormalizeError {
+    /// A string index is out of range.
+    #[error("{what} refers to string {index}, but the string table has {len} entries")]
+    StringIndex {
+        what: &'static str,
+        index: i64,
+        len: usize,
+    },
+    /// A mapping, location or function table has a zero or repeated id.
+    #[error("the {what} table has a zero or duplicate id")]
+    BadIds { what: &'static str },
+    /// A sample has a different number of values than sample types.
+    #[error("sample {sample} has {got} values, but the profile declares {want} sample types")]
+    ValueCount {
+        sample: usize,
+        got: usize,
+        want: usize,
+    },
+    /// A sample refers to a location that does not exist.
+    #[error("sample {sample} refers to location {location}, which the profile does not define")]
+    UnknownLocation { sample: usize, location: u64 },
+    /// A location refers to a mapping that does not exist.
+    #[error("location {location} refers to mapping {mapping}, which the profile does not define")]
+    UnknownMapping { location: u64, mapping: u64 },
+    /// A location line refers to a function that does not exist.
+    #[error("location {location} refers to function {function}, which the profile does not define")]
+    UnknownFunction { location: u64, function: u64 },
+    /// Sample labels split the profile into too many series.
+    #[error("sample labels split the profile into more than {limit} series")]
+    TooManySeries { limit: usize },
+}
+
+/// The Fathom profile type of one pprof sample type.
+///
+/// The result is `<name>:<sample_type>:<sample_unit>:<period_type>:<period_unit>`.
+/// Type and unit strings are kept as the profile says (case included),
+/// except that an empty type becomes `unknown`, an empty unit becomes
+/// `count`, and `:` becomes `_`. The name is chosen by the first rule that
+/// applies, comparing case-insensitively (`s` = sample type, `p` = period
+/// type):
+///
+/// 1. `s` starts with `alloc` or `inuse`, or is `objects`, `space`, `live`,
+///    `allocations` or `bytes`, or `p` is `space` → `memory`;
+/// 2. `s` is `cpu` → `process_cpu`;
+/// 3. `s` is `samples`/`sample` and `p` is `cpu` or empty → `process_cpu`;
+/// 4. `s` is `wall`, or `s` is `samples`/`sample`/`time` and `p` is `wall`
+///    or `wallclock` → `wall`;
+/// 5. `s` or `p` is `goroutine`/`goroutines` → `goroutines`;
+/// 6. `s` is `contentions` or `delay` or starts with `lock` → `block` if
+///    `p` is `block`, `mutex` if `p` is `mutex`, else `block` if the name
+///    hint contains `block`, else `mutex` (Go's mutex and block profiles
+///    are otherwise identical);
+/// 7. `s` starts with `exception` → `exceptions`;
+/// 8. a name hint, if given: `cpu`/`itimer`/`process_cpu` → `process_cpu`,
+///    `wall` → `wall`, `alloc_*`/`inuse_*`/`memory`/`live` → `memory`,
+///    `goroutine(s)` → `goroutines`, `mutex*` → `mutex`,
+///    `block*`/`lock*` → `block`, `exception(s)` → `exceptions`, anything
+///    else is used itself (sanitized);
+/// 9. otherwise the period type's name, else the sample type's name
+///    (`unknown` if both are empty).
+///
+/// Names are sanitized to `[A-Za-z0-9_.-]` (others become `_`).
+pub fn profile_type(
+    sample_type: &str,
+    sample_unit: &str,
+    period_type: &str,
+    period_unit: &str,
+    name_hint: Option<&str>,
+) -> ProfileType {
+    let name = profile_name(sample_type, period_type, name_hint);
+    ProfileType {
+        name,
+        sample_type: type_field(sample_type),
+        sample_unit: unit_field(sample_unit),
+        period_type: type_field(period_type),
+        period_unit: unit_field(period_unit),
+    }
+}
+
+fn type_field(s: &str) -> String {
+    if s.is_empty() {
+        "unknown".to_owned()
+    } else {
+        s.replace(':', "_")
+    }
+}
+
+fn unit_field(s: &str) -> String {
+    if s.is_empty() {
+        "count".to_owned()
+    } else {
+        s.replace(':', "_")
+    }
+}
+
+fn sanitize_name(s: &str) -> String {
+    if s.is_empty() {
+        return "unknown".to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn profile_name(sample_type: &str, period_type: &str, hint: Option<&str>) -> String {
+    let s = sample_type.to_ascii_lowercase();
+    let p = period_type.to_ascii_lowercase();
+    let hint_lc = hint.map(str::to_ascii_lowercase);
+    let h = hint_lc.as_deref().unwrap_or("");
+    let named = |n: &str| n.to_owned();
+    if s.starts_with("alloc")
+        || s.starts_with("inuse")
+        || matches!(s.as_str(), "objects" | "space" | "live" | "allocations" | "bytes")
+        || p == "space"
+    {
+        return named("memory");
+    }
+    if s == "cpu" {
+        return named("process_cpu");
+    }
+    let samples = matches!(s.as_str(), "samples" | "sample");
+    if samples && (p == "cpu" || p.is_empty()) {
+        return named("process_cpu");
+    }
+    if s == "wall" || ((samples || s == "time") && matches!(p.as_str(), "wall" | "wallclock")) {
+        return named("wall");
+    }
+    if matches!(s.as_str(), "goroutine" | "goroutines") || matches!(p.as_str(), "goroutine" | "goroutines")
+    {
+        return named("goroutines");
+    }
+    if s == "contentions" || s == "delay" || s.starts_with("lock") {
+        return named(match p.as_str() {
+            "block" => "block",
+            "mutex" => "mutex",
+            _ if h.contains("block") => "block",
+            _ => "mutex",
+        });
+    }
+    if s.starts_with("exception") {
+        return named("exceptions");
+    }
+    if let Some(hint) = hint.filter(|h| !h.is_empty()) {
+        return match h {
+            "cpu" | "itimer" | "process_cpu" => named("process_cpu"),
+            "wall" => named("wall"),
+            "memory" | "live" => named("memory"),
+            "goroutine" | "goroutines" => named("goroutines"),
+            "exception" | "exceptions" => named("exceptions"),
+            _ if h.starts_with("alloc_") || h.starts_with("inuse_") => named("memory"),
+            _ if h.starts_with("mutex") => named("mutex"),
+            _ if h.starts_with("block") || h.starts_with("lock") => named("block"),
+            _ => sanitize_name(hint),
+        };
+    }
+    if !period_type.is_empty() {
+        sanitize_name(period_type)
+    } else {
+        sanitize_name(sample_type)
+    }
+}
+
+/// Turns a sample label key into a valid label name: invalid characters
+/// become `_` (a leading digit too). `None` for an empty key.
+pub fn sanitize_label_name(key: &str) -> Option<String> {
+    if key.is_empty() {
+        return None;
+    }
+    Some(
+        key.chars()
+            .enumerate()
+            .map(|(i, c)| {
+                let ok = c.is_ascii_alphabetic() || c == '_' || (i > 0 && (c.is_ascii_digit() || c == '.'));
+                if ok { c } else { '_' }
+            })
+            .collect(),
+    )
+}
+
+struct Series {
+    labels: Labels,
+    slot_of: HashMap<Id, u32>,
+    stacks: Vec<Id>,
+    /// `stacks.len() × types` sums, row-major.
+    values: Vec<i64>,
+}
+
+/// Normalizes a pprof into Fathom profiles (see the crate docs for the
+/// rules): one profile per (sample type, series), samples with equal
+/// stacks summed, zero values dropped, symbols content-addressed.
+pub fn normalize(p: &pprof::Profile, opts: &NormalizeOptions) -> Result<Normalized, NormalizeError> {
+    let n = Normalizer::new(p, opts)?;
+    n.run()
+}
+
+struct Normalizer<'a> {
+    p: &'a pprof::Profile,
+    opts: &'a NormalizeOptions,
+    loc_index: IdIndex,
+    fn_index: IdIndex,
+    map_index: IdIndex,
+    loc_ids: Vec<Option<Id>>,
+    fn_ids: Vec<Option<Id>>,
+    map_ids: Vec<Option<Id>>,
+    symbols: Symbols,
+}
+
+impl<'a> Normalizer<'a> {
+    fn new(p: &'a pprof::Profile, opts: &'a NormalizeOptions) -> Result<Self, NormalizeError> {
+        let bad = |what| move |_: IndexError| NormalizeError::BadIds { what };
+        Ok(Normalizer {
+            p,
+            opts,
+            loc_index: IdIndex::new(p.location.iter().map(|l| l.id)).map_err(bad("location"))?,
+            fn_index: IdIndex::new(p.function.iter().map(|f| f.id)).map_err(bad("function"))?,
+            map_index: IdIndex::new(p.mapping.iter().map(|m| m.id)).map_err(bad("mapping"))?,
+            loc_ids: vec![None; p.location.len()],
+            fn_ids: vec![None; p.function.len()],
+            map_ids: vec![None; p.mapping.len()],
+            symbols: Symbols::default(),
+        })
+    }
+
+    fn string(&self, index: i64, what: &'static str) -> Result<&'a str, NormalizeError> {
+        let t = &self.p.string_table;
+        if index == 0 {
+            return Ok(t.first().map_or("", String::as_str));
+        }
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| t.get(i))
+            .map(String::as_str)
+            .ok_or(NormalizeError::StringIndex {
+                what,
+                index,
+                len: t.len(),
+            })
+    }
+
+    fn mapping_id(&mut self, location: u64, id: u64) -> Result<Id, NormalizeError> {
+        if id == 0 {
+            return Ok(Id::ZERO);
+        }
+        let i = self
+            .map_index
+            .get(id)
+            .ok_or(NormalizeError::UnknownMapping { location, mapping: id })?;
+        if let Some(id) = self.map_ids[i] {
+            return Ok(id);
+        }
+        let m = &self.p.mapping[i];
+        let mid = self.symbols.add_mapping(Mapping {
+            memory_start: m.memory_start,
+            memory_limit: m.memory_limit,
+            file_offset: m.file_offset,
+            filename: self.string(m.filename, "a mapping file name")?.to_owned(),
+            build_id: self.string(m.build_id, "a mapping build id")?.to_owned(),
+        });
+        self.map_ids[i] = Some(mid);
+        Ok(mid)
+    }
+
+    fn function_id(&mut self, location: u64, id: u64) -> Result<Id, NormalizeError> {
+        if id == 0 {
+            // No function: prints as "?" (an unknown id).
+            return Ok(Id::ZERO);
+        }
+        let i = self
+            .fn_index
+            .get(id)
+            .ok_or(NormalizeError::UnknownFunction { location, function: id })?;
+        if let Some(id) = self.fn_ids[i] {
+            return Ok(id);
+        }
+        let f = &self.p.function[i];
+        let fid = self.symbols.add_function(Function {
+            name: self.string(f.name, "a function name")?.to_owned(),
+            system_name: self.string(f.system_name, "a function system name")?.to_owned(),
+            filename: self.string(f.filename, "a function file name")?.to_owned(),
+            start_line: f.start_line,
+        });
+        self.fn_ids[i] = Some(fid);
+        Ok(fid)
+    }
+
+    fn location_id(&mut self, sample: usize, id: u64) -> Result<Id, NormalizeError> {
+        let i = self
+            .loc_index
+            .get(id)
+            .ok_or(NormalizeError::UnknownLocation { sample, location: id })?;
+        if let Some(id) = self.loc_ids[i] {
+            return Ok(id);
+        }
+        let l = &self.p.location[i];
+        let mapping = self.mapping_id(l.id, l.mapping_id)?;
+        let mut lines = Vec::with_capacity(l.line.len());
+        for ln in &l.line {
+            lines.push(Line {
+                function: self.function_id(l.id, ln.function_id)?,
+                line: ln.line,
+            });
+        }
+        let lid = self.symbols.add_location(Location {
+            mapping,
+            address: l.address,
+            lines,
+        });
+        self.loc_ids[i] = Some(lid);
+        Ok(lid)
+    }
+
+    /// The series labels for a sample's string labels.
+    fn series_labels(&self, raw: &[(i64, i64)]) -> Result<Labels, NormalizeError> {
+        let mut labels = self.opts.labels.clone();
+        for &(k, v) in raw {
+            let key = self.string(k, "a sample label key")?;
+            let value = self.string(v, "a sample label value")?;
+            if value.is_empty() || key.starts_with("__") || IGNORED_SAMPLE_LABELS.contains(&key) {
+                continue;
+            }
+            let Some(name) = sanitize_label_name(key) else {
+                continue;
+            };
+            // Series labels from the options win; then the first value.
+            if labels.get(&name).is_none() {
+                labels.insert(&name, value);
+            }
+        }
+        Ok(labels)
+    }
+
+    fn run(mut self) -> Result<Normalized, NormalizeError> {
+        let p = self.p;
+        let (pt, pu) = match &p.period_type {
+            Some(vt) => (
+                self.string(vt.r#type, "the period type")?,
+                self.string(vt.unit, "the period unit")?,
+            ),
+            None => ("", ""),
+        };
+        let hint = self.opts.name_hint.as_deref();
+        // Sample types with the same profile type share one output.
+        let mut types: Vec<ProfileType> = Vec::new();
+        let mut slot_of_type: Vec<usize> = Vec::with_capacity(p.sample_type.len());
+        for vt in &p.sample_type {
+            let t = profile_type(
+                self.string(vt.r#type, "a sample type")?,
+                self.string(vt.unit, "a sample unit")?,
+                pt,
+                pu,
+                hint,
+            );
+            let slot = match types.iter().position(|x| *x == t) {
+                Some(s) => s,
+                None => {
+                    types.push(t);
+                    types.len() - 1
+                }
+            };
+            slot_of_type.push(slot);
+        }
+        let ntypes = types.len();
+        let want = p.sample_type.len();
+
+        let mut series: Vec<Series> = Vec::new();
+        let mut plain_series: Option<usize> = None;
+        let mut series_by_raw: HashMap<Vec<(i64, i64)>, usize> = HashMap::new();
+        let mut series_by_labels: HashMap<Labels, usize> = HashMap::new();
+        let mut raw_labels: Vec<(i64, i64)> = Vec::new();
+        let mut stack = Stack::default();
+
+        for (si, s) in p.sample.iter().enumerate() {
+            if s.value.len() != want {
+                return Err(NormalizeError::ValueCount {
+                    sample: si,
+                    got: s.value.len(),
+                    want,
+                });
+            }
+            if s.value.iter().all(|&v| v == 0) {
+                continue;
+            }
+            raw_labels.clear();
+            raw_labels.extend(s.label.iter().filter(|l| l.str != 0).map(|l| (l.key, l.str)));
+            let known = if raw_labels.is_empty() {
+                plain_series
+            } else {
+                series_by_raw.get(raw_labels.as_slice()).copied()
+            };
+            let sidx = match known {
+                Some(i) => i,
+                None => {
+                    let labels = self.series_labels(&raw_labels)?;
+                    let i = match series_by_labels.get(&labels) {
+                        Some(&i) => i,
+                        None => {
+                            if series.len() >= self.opts.max_series {
+                                return Err(NormalizeError::TooManySeries {
+                                    limit: self.opts.max_series,
+                                });
+                            }
+                            series.push(Series {
+                                labels: labels.clone(),
+                                slot_of: HashMap::new(),
+                                stacks: Vec::new(),
+                                values: Vec::new(),
+                            });
+                            series_by_labels.insert(labels, series.len() - 1);
+                            series.len() - 1
+                        }
+                    };
+                    if raw_labels.is_empty() {
+                        plain_series = Some(i);
+                    } else {
+                        series_by_raw.insert(raw_labels.clone(), i);
+                    }
+                    i
+                }
+            };
+
+            stack.locations.clear();
+            for &lid in &s.location_id {
+                let id = self.location_id(si, lid)?;
+                stack.locations.push(id);
+            }
+            let stack_id = stack.id();
+            if !self.symbols.stacks.contains_key(&stack_id) {
+                self.symbols.stacks.insert(stack_id, stack.clone());
+            }
+
+            let ser = &mut series[sidx];
+            let slot = match ser.slot_of.get(&stack_id) {
+                Some(&slot) => slot as usize,
+                None => {
+                    let slot = ser.stacks.len();
+                    ser.stacks.push(stack_id);
+                    ser.values.resize(ser.values.len() + ntypes, 0);
+                    ser.slot_of.insert(stack_id, slot as u32);
+                    slot
+                }
+            };
+            let row = &mut ser.values[slot * ntypes..(slot + 1) * ntypes];
+            for (t, &v) in s.value.iter().enumerate() {
+                let cell = &mut row[slot_of_type[t]];
+                *cell = cell.wrapping_add(v);
+            }
+        }
+
+        let time_nanos = self.opts.time_nanos_override.unwrap_or(p.time_nanos);
+        let duration_nanos = self.opts.duration_nanos_override.unwrap_or(p.duration_nanos);
+        let type_strings: Vec<String> = types.iter().map(ToString::to_string).collect();
+        let mut profiles = Vec::new();
+        for ser in &series {
+            let labels_string = ser.labels.to_string();
+            for (t, ty) in types.iter().enumerate() {
+                let samples: Vec<Sample> = ser
+                    .stacks
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(slot, &stack)| {
+                        let value = ser.values[slot * ntypes + t];
+                        (value != 0).then_some(Sample { stack, value })
+                    })
+                    .collect();
+                if samples.is_empty() {
+                    continue;
+                }
+                profiles.push(Profile {
+                    id: profile_id(&self.opts.profile_id_seed, &type_strings[t], &labels_string),
+                    profile_type: ty.clone(),
+                    labels: ser.labels.clone(),
+                    time_nanos,
+                    duration_nanos,
+                    period: p.period,
+                    samples,
+                });
+            }
+        }
+        Ok(Normalized {
+            profiles,
+            symbols: self.symbols,
+        })
+    }
+}
+
+/// The deterministic id of an output profile.
+pub(crate) fn profile_id(seed: &Id, profile_type: &str, labels: &str) -> Id {
+    IdHasher::new("profile")
+        .id(seed)
+        .str(profile_type)
+        .str(labels)
+        .finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pt(s: &str, su: &str, p: &str, pu: &str, h: Option<&str>) -> String {
+        profile_type(s, su, p, pu, h).to_string()
+    }
+
+    #[test]
+    fn naming_rules() {
+        assert_eq!(pt("cpu", "nanoseconds", "cpu", "nanoseconds", None), "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
+        assert_eq!(pt("samples", "count", "cpu", "nanoseconds", None), "process_cpu:samples:count:cpu:nanoseconds");
+        assert_eq!(pt("alloc_space", "bytes", "space", "bytes", None), "memory:alloc_space:bytes:space:bytes");
+        assert_eq!(pt("contentions", "count", "contentions", "count", None), "mutex:contentions:count:contentions:count");
+        assert_eq!(pt("delay", "nanoseconds", "contentions", "count", Some("block_duration")), "block:delay:nanoseconds:contentions:count");
+        assert_eq!(pt("contentions", "count", "block", "count", Some("mutex_count")), "block:contentions:count:block:count");
+        assert_eq!(pt("goroutine", "count", "goroutine", "count", None), "goroutines:goroutine:count:goroutine:count");
+        assert_eq!(pt("wall", "nanoseconds", "wall", "nanoseconds", None), "wall:wall:nanoseconds:wall:nanoseconds");
+        assert_eq!(pt("sample", "count", "wall", "microseconds", None), "wall:sample:count:wall:microseconds");
+        assert_eq!(pt("samples", "count", "wallclock", "nanoseconds", None), "wall:samples:count:wallclock:nanoseconds");
+        assert_eq!(pt("time", "nanoseconds", "wallclock", "nanoseconds", None), "wall:time:nanoseconds:wallclock:nanoseconds");
+        assert_eq!(pt("samples", "count", "", "milliseconds", None), "process_cpu:samples:count:unknown:milliseconds");
+        assert_eq!(pt("thread", "count", "thread", "count", None), "thread:thread:count:thread:count");
+        assert_eq!(pt("thread", "count", "thread", "count", Some("threads")), "threads:thread:count:thread:count");
+        assert_eq!(pt("", "", "", "", None), "unknown:unknown:count:unknown:count");
+        assert_eq!(pt("", "", "", "", Some("goroutines")), "goroutines:unknown:count:unknown:count");
+        assert_eq!(pt("exception", "count", "", "nanoseconds", Some("cpu")), "exceptions:exception:count:unknown:nanoseconds");
+        assert_eq!(pt("lock-time", "nanoseconds", "", "nanoseconds", None), "mutex:lock-time:nanoseconds:unknown:nanoseconds");
+        assert_eq!(pt("CPU", "nanoseconds", "CPU", "nanoseconds", None), "process_cpu:CPU:nanoseconds:CPU:nanoseconds");
+        assert_eq!(pt("a:b", "c:d", "e", "f", Some("x y")), "x_y:a_b:c_d:e:f");
+        assert_eq!(pt("live", "count", "objects", "count", None), "memory:live:count:objects:count");
+    }
+
+    #[test]
+    fn label_names() {
+        assert_eq!(sanitize_label_name("span-id").as_deref(), Some("span_id"));
+        assert_eq!(sanitize_label_name("1x").as_deref(), Some("_x"));
+        assert_eq!(sanitize_label_name("a.b_c9").as_deref(), Some("a.b_c9"));
+        assert_eq!(sanitize_label_name("é").as_deref(), Some("_"));
+        assert_eq!(sanitize_label_name(""), None);
+    }
+
+    fn strings(p: &mut pprof::Profile, s: &str) -> i64 {
+        if let Some(i) = p.string_table.iter().position(|x| x == s) {
+            return i as i64;
+        }
+        p.string_table.push(s.to_owned());
+        p.string_table.len() as i64 - 1
+    }
+
+    /// cpu profile: two functions, samples with labels.
+    fn labelled() -> pprof::Profile {
+        let mut p = pprof::Profile {
+            string_table: vec![String::new()],
+            ..Default::default()
+        };
+        let cpu = strings(&mut p, "cpu");
+        let ns = strings(&mut p, "nanoseconds");
+        let samples = strings(&mut p, "samples");
+        let count = strings(&mut p, "count");
+        p.sample_type = vec![
+            pprof::ValueType { r#type: samples, unit: count },
+            pprof::ValueType { r#type: cpu, unit: ns },
+        ];
+        p.period_type = Some(pprof::ValueType { r#type: cpu, unit: ns });
+        p.period = 10;
+        p.time_nanos = 77;
+        for (id, name) in [(1u64, "main"), (2, "work")] {
+            let n = strings(&mut p, name);
+            p.function.push(pprof::Function { id, name: n, ..Default::default() });
+            p.location.push(pprof::Location {
+                id,
+                address: id * 16,
+                line: vec![pprof::Line { function_id: id, line: 1, column: 0 }],
+                ..Default::default()
+            });
+        }
+        let k = strings(&mut p, "handler");
+        let k2 = strings(&mut p, "service_name");
+        let k3 = strings(&mut p, "span_id");
+        let v1 = strings(&mut p, "/a");
+        let v2 = strings(&mut p, "/b");
+        let lab = |key, str| pprof::Label { key, str, ..Default::default() };
+        p.sample = vec![
+            pprof::Sample { location_id: vec![2, 1], value: vec![1, 10], label: vec![lab(k, v1), lab(k3, v2)] },
+            pprof::Sample { location_id: vec![2, 1], value: vec![2, 20], label: vec![lab(k3, v1), lab(k, v1)] },
+            pprof::Sample { location_id: vec![1], value: vec![0, 5], label: vec![lab(k, v2), lab(k2, v2)] },
+            pprof::Sample { location_id: vec![1], value: vec![0, 0], label: vec![] },
+            pprof::Sample { location_id: vec![2, 1], value: vec![4, 40], label: vec![pprof::Label { key: k, num: 3, ..Default::default() }] },
+        ];
+        p
+    }
+
+    #[test]
+    fn splits_by_labels_and_sums() {
+        let p = labelled();
+        let opts = NormalizeOptions {
+            labels: Labels::from_pairs([("service_name", "svc")]).expect("valid"),
+            ..Default::default()
+        };
+        let n = normalize(&p, &opts).expect("normalizes");
+        let summary: Vec<(String, String, Vec<(Vec<String>, i64)>)> = n
+            .profiles
+            .iter()
+            .map(|x| {
+                (
+                    x.profile_type.to_string(),
+                    x.labels.to_string(),
+                    x.samples.iter().map(|s| (n.symbols.frames(&s.stack), s.value)).collect(),
+                )
+            })
+            .collect();
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            summary,
+            vec![
+                ("process_cpu:samples:count:cpu:nanoseconds".into(), r#"{handler="/a", service_name="svc"}"#.into(), vec![(f(&["main", "work"]), 3)]),
+                ("process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(), r#"{handler="/a", service_name="svc"}"#.into(), vec![(f(&["main", "work"]), 30)]),
+                ("process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(), r#"{handler="/b", service_name="svc"}"#.into(), vec![(f(&["main"]), 5)]),
+                ("process_cpu:samples:count:cpu:nanoseconds".into(), r#"{service_name="svc"}"#.into(), vec![(f(&["main", "work"]), 4)]),
+                ("process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(), r#"{service_name="svc"}"#.into(), vec![(f(&["main", "work"]), 40)]),
+            ]
+        );
+        let first = &n.profiles[0];
+        assert_eq!(first.time_nanos, 77);
+        assert_eq!(first.period, 10);
+        assert_eq!(
+            first.id,
+            profile_id(&Id::ZERO, "process_cpu:samples:count:cpu:nanoseconds", r#"{handler="/a", service_name="svc"}"#)
+        );
+        // Deterministic.
+        assert_eq!(normalize(&p, &opts).expect("normalizes"), n);
+        // Overrides.
+        let o2 = NormalizeOptions {
+            time_nanos_override: Some(5),
+            duration_nanos_override: Some(6),
+            ..opts.clone()
+        };
+        let n2 = normalize(&p, &o2).expect("normalizes");
+        assert!(n2.profiles.iter().all(|x| x.time_nanos == 5 && x.duration_nanos == 6));
+    }
+
+    #[test]
+    fn series_limit() {
+        let opts = NormalizeOptions {
+            max_series: 2,
+            ..Default::default()
+        };
+        assert_eq!(
+            normalize(&labelled(), &opts),
+            Err(NormalizeError::TooManySeries { limit: 2 })
+        );
+    }
+
+    #[test]
+    fn reports_bad_references() {
+        let mut p = labelled();
+        p.sample[0].location_id.push(42);
+        assert_eq!(
+            normalize(&p, &NormalizeOptions::default()),
+            Err(NormalizeError::UnknownLocation { sample: 0, location: 42 })
+        );
+        let mut p = labelled();
+        p.function[0].name = 999;
+        assert!(matches!(
+            normalize(&p, &NormalizeOptions::default()),
+            Err(NormalizeError::StringIndex { index: 999, .. })
+        ));
+    }
+}

@@ -1,0 +1,554 @@
+//! Tests against the shared corpus of real profiles (`shared/testdata`):
+//! every file with an expectation must decode and normalize to exactly
+//! what `go tool pprof -raw` says it contains.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use fathom_model::{Id, Labels, Symbols};
+use fathom_pprof::{
+    DecodeError, FoldedError, FoldedOptions, Limits, NormalizeOptions, Normalized, decode, encode,
+    folded_lines, normalize, parse_folded,
+};
+use proptest::prelude::*;
+
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata");
+
+fn root() -> PathBuf {
+    PathBuf::from(ROOT)
+}
+
+struct Row {
+    file: String,
+    expected: Option<String>,
+}
+
+fn manifest() -> Vec<Row> {
+    let text = std::fs::read_to_string(root().join("pprof/MANIFEST.tsv")).expect("read MANIFEST.tsv");
+    let mut lines = text.lines().map(|l| l.trim_end_matches('\r'));
+    let header: Vec<&str> = lines.next().expect("header").split('\t').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).expect("column");
+    let (file, expected) = (col("file"), col("expected"));
+    lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            Row {
+                file: f[file].to_owned(),
+                expected: f.get(expected).filter(|e| !e.is_empty()).map(|e| (*e).to_owned()),
+            }
+        })
+        .collect()
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn gunzip(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(b)
+        .read_to_end(&mut out)
+        .expect("gunzip");
+    out
+}
+
+fn opts() -> NormalizeOptions {
+    NormalizeOptions {
+        labels: Labels::from_pairs([("service_name", "test")]).expect("valid labels"),
+        ..Default::default()
+    }
+}
+
+/// `<sample_type>/<unit>` → sample → summed value, from normalized output.
+type Folded = BTreeMap<(String, String), i64>;
+
+fn folded_of(n: &Normalized) -> Folded {
+    let mut by_key: BTreeMap<String, Vec<(Id, i64)>> = BTreeMap::new();
+    for p in &n.profiles {
+        let key = format!("{}/{}", p.profile_type.sample_type, p.profile_type.sample_unit);
+        by_key
+            .entry(key)
+            .or_default()
+            .extend(p.samples.iter().map(|s| (s.stack, s.value)));
+    }
+    let mut out = Folded::new();
+    for (key, samples) in by_key {
+        for (stack, v) in folded_lines(samples, &n.symbols) {
+            out.insert((key.clone(), stack), v);
+        }
+    }
+    out
+}
+
+/// The expectation, with keys mapped by the documented defaults (empty
+/// sample type → `unknown`, empty unit → `count`).
+fn expected(path: &str) -> Folded {
+    let text = String::from_utf8(gunzip(&read(&root().join("pprof").join(path)))).expect("utf-8");
+    let mut out = Folded::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let mut f = line.splitn(3, '\t');
+        let (key, stack, v) = (
+            f.next().expect("key"),
+            f.next().expect("stack"),
+            f.next().expect("value"),
+        );
+        let (t, u) = key.rsplit_once('/').expect("type/unit");
+        let t = if t.is_empty() { "unknown" } else { t };
+        let u = if u.is_empty() { "count" } else { u };
+        let v: i64 = v.parse().expect("value");
+        *out.entry((format!("{t}/{u}"), stack.to_owned())).or_insert(0) += v;
+    }
+    out
+}
+
+fn load(file: &str) -> Result<Normalized, String> {
+    let bytes = read(&root().join("pprof").join(file));
+    let p = decode(&bytes, &Limits::default()).map_err(|e| format!("decode: {e}"))?;
+    normalize(&p, &opts()).map_err(|e| format!("normalize: {e}"))
+}
+
+fn diff(want: &Folded, got: &Folded) -> String {
+    let mut out = String::new();
+    let mut n = 0;
+    for (k, v) in want {
+        if got.get(k) != Some(v) && n < 6 {
+            out += &format!("  want {}\t{}\t{v}, got {:?}\n", k.0, k.1, got.get(k));
+            n += 1;
+        }
+    }
+    for (k, v) in got {
+        if !want.contains_key(k) && n < 12 {
+            out += &format!("  unexpected {}\t{}\t{v}\n", k.0, k.1);
+            n += 1;
+        }
+    }
+    out += &format!("  ({} expected lines, {} produced)\n", want.len(), got.len());
+    out
+}
+
+#[test]
+fn every_expectation_matches_exactly() {
+    let rows = manifest();
+    assert_eq!(rows.len(), 169, "manifest rows");
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for row in &rows {
+        let Some(exp) = &row.expected else { continue };
+        let want = expected(exp);
+        match load(&row.file) {
+            Ok(n) => {
+                let got = folded_of(&n);
+                if got == want {
+                    passed += 1;
+                } else {
+                    failures.push(format!("{}:\n{}", row.file, diff(&want, &got)));
+                }
+            }
+            Err(e) => failures.push(format!("{}: {e}", row.file)),
+        }
+    }
+    println!("corpus: {passed} of {} files with expectations match", passed + failures.len());
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert_eq!(passed, 166);
+}
+
+#[test]
+fn jfr_conversions_get_pyroscope_profile_types() {
+    // Pyroscope names these files after the profile type it produced.
+    let mut checked = 0;
+    for row in manifest() {
+        let Some(name) = row.file.strip_prefix("grafana+pyroscope/pkg/og/convert/jfr/testdata/") else {
+            continue;
+        };
+        let Some(ty) = name.split(".jfr.gz.").nth(1).and_then(|r| r.split('.').next()) else {
+            continue;
+        };
+        let n = load(&row.file).expect("loads");
+        let got: Vec<String> = n.profiles.iter().map(|p| p.profile_type.to_string().replace(':', "_")).collect();
+        assert!(got.iter().all(|g| g == ty), "{name}: {got:?}");
+        checked += 1;
+    }
+    assert_eq!(checked, 54);
+}
+
+#[test]
+fn many_merged_equal_the_sum_of_expectations() {
+    let rows: Vec<Row> = manifest()
+        .into_iter()
+        .filter(|r| r.file.starts_with("parca-dev+parca/pkg/query/testdata/many/"))
+        .collect();
+    assert_eq!(rows.len(), 10);
+    let mut symbols = Symbols::default();
+    let mut by_key: BTreeMap<String, Vec<(Id, i64)>> = BTreeMap::new();
+    let mut want = Folded::new();
+    for row in &rows {
+        let n = load(&row.file).expect("loads");
+        symbols.merge(&n.symbols);
+        for p in &n.profiles {
+            let key = format!("{}/{}", p.profile_type.sample_type, p.profile_type.sample_unit);
+            by_key
+                .entry(key)
+                .or_default()
+                .extend(p.samples.iter().map(|s| (s.stack, s.value)));
+        }
+        for (k, v) in expected(row.expected.as_deref().expect("has expectation")) {
+            *want.entry(k).or_insert(0) += v;
+        }
+    }
+    want.retain(|_, v| *v != 0);
+    let mut got = Folded::new();
+    for (key, samples) in by_key {
+        for (stack, v) in folded_lines(samples, &symbols) {
+            got.insert((key.clone(), stack), v);
+        }
+    }
+    assert!(got == want, "merged mismatch:\n{}", diff(&want, &got));
+}
+
+#[test]
+fn files_without_expectations_have_documented_results() {
+    let rows: Vec<Row> = manifest().into_iter().filter(|r| r.expected.is_none()).collect();
+    assert_eq!(rows.len(), 3);
+    for row in rows {
+        let result = load(&row.file);
+        println!("{}: {}", row.file, match &result {
+            Ok(n) => format!("ok, {} profiles", n.profiles.len()),
+            Err(e) => e.clone(),
+        });
+        if row.file.ends_with("invalid_utf8.pb.gz") {
+            // Decoded leniently: invalid UTF-8 becomes U+FFFD.
+            let n = result.expect("invalid UTF-8 is repaired");
+            assert!(!n.profiles.is_empty());
+            assert!(n.symbols.functions.values().any(|f| f.name.contains('\u{fffd}')));
+        } else if let Err(e) = result {
+            assert!(!e.is_empty());
+        }
+    }
+}
+
+fn all_files() -> Vec<(String, Vec<u8>)> {
+    manifest()
+        .into_iter()
+        .map(|r| {
+            let b = read(&root().join("pprof").join(&r.file));
+            (r.file, b)
+        })
+        .collect()
+}
+
+/// Decoding (and normalizing what decodes) must not panic.
+fn no_panic(bytes: &[u8]) -> bool {
+    std::panic::catch_unwind(|| {
+        if let Ok(p) = decode(bytes, &Limits::default()) {
+            let _ = normalize(&p, &opts());
+        }
+        let _ = parse_folded(bytes, &FoldedOptions::default(), &Limits::default());
+    })
+    .is_ok()
+}
+
+#[test]
+fn truncated_files_never_panic() {
+    let mut bad = Vec::new();
+    for (file, bytes) in all_files() {
+        let mut inputs = vec![bytes.clone()];
+        if bytes.starts_with(&[0x1f, 0x8b]) {
+            inputs.push(gunzip(&bytes));
+        }
+        for input in inputs {
+            let len = input.len();
+            let mut cuts: Vec<usize> = vec![0, 1, 2, 3, 8, 16, 17, 64, 100, len / 3, len / 2, len * 2 / 3];
+            cuts.extend((1..12).map(|i| len.saturating_sub(i)));
+            // A spread of cut points, denser for small files.
+            let step = (len / 40).max(1);
+            cuts.extend((0..len).step_by(step));
+            cuts.retain(|&c| c < len);
+            cuts.sort_unstable();
+            cuts.dedup();
+            for cut in cuts {
+                if !no_panic(&input[..cut]) {
+                    bad.push(format!("{file} cut at {cut}"));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "panics: {bad:?}");
+}
+
+/// A gzip member holding `n` zero bytes.
+fn zeros_member(n: usize) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let chunk = vec![0u8; 1 << 16];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(chunk.len());
+        e.write_all(&chunk[..k]).expect("write");
+        left -= k;
+    }
+    e.finish().expect("finish")
+}
+
+#[test]
+fn gzip_bomb_of_concatenated_members_fails_at_the_limit() {
+    // 1024 members of 1 MiB of zeros: 1 GiB decompressed, ~1 MiB compressed.
+    let member = zeros_member(1 << 20);
+    let bomb: Vec<u8> = std::iter::repeat_n(member.as_slice(), 1024).flatten().copied().collect();
+    assert!(bomb.len() < 4 << 20);
+    let e = decode(&bomb, &Limits::default()).expect_err("a bomb");
+    assert!(matches!(e, DecodeError::TooLarge { limit } if limit == 64 << 20), "{e}");
+    assert_eq!(e.to_string(), "the decompressed profile is larger than the limit of 67108864 bytes");
+    let e = parse_folded(&bomb, &FoldedOptions::default(), &Limits::default()).expect_err("a bomb");
+    assert!(matches!(e, FoldedError::TooLarge { .. }), "{e}");
+}
+
+/// Writes a deflate bit stream, least significant bit first.
+struct Bits {
+    out: Vec<u8>,
+    acc: u64,
+    n: u32,
+}
+
+impl Bits {
+    fn put(&mut self, v: u64, n: u32) {
+        self.acc |= v << self.n;
+        self.n += n;
+        while self.n >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.n -= 8;
+        }
+    }
+
+    /// A Huffman code, which deflate stores most significant bit first.
+    fn code(&mut self, code: u64, len: u32) {
+        let rev = (0..len).fold(0, |r, i| r | (((code >> i) & 1) << (len - 1 - i)));
+        self.put(rev, len);
+    }
+}
+
+#[test]
+fn gzip_bomb_single_stream_fails_at_the_limit() {
+    // One deflate block with fixed Huffman codes: a literal 0, then
+    // "copy 258 bytes from distance 1" repeated: 1 GiB from ~6.5 MiB,
+    // generated without ever holding the decompressed data.
+    let total: u64 = 1 << 30;
+    let mut b = Bits {
+        out: vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff],
+        acc: 0,
+        n: 0,
+    };
+    b.put(1, 1); // BFINAL
+    b.put(1, 2); // BTYPE = fixed Huffman
+    b.code(0x30, 8); // literal 0
+    let matches = (total - 1) / 258;
+    for _ in 0..matches {
+        b.code(0xc0 + (285 - 280), 8); // length 258
+        b.code(0, 5); // distance 1
+    }
+    b.code(0, 7); // end of block
+    b.put(0, 7); // pad
+    b.out.truncate(b.out.len());
+    // The trailer's CRC is never reached: decoding stops at the limit.
+    b.out.extend_from_slice(&0u32.to_le_bytes());
+    b.out.extend_from_slice(&((1 + matches * 258) as u32).to_le_bytes());
+    let e = decode(&b.out, &Limits::default()).expect_err("a bomb");
+    assert!(matches!(e, DecodeError::TooLarge { .. }), "{e}");
+}
+
+#[test]
+fn collapsed_corpus() {
+    let dir = root().join("other/collapsed");
+    let mut files = Vec::new();
+    let mut stack = vec![dir];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    assert_eq!(files.len(), 35);
+    let opts = FoldedOptions {
+        units: Some("objects".into()),
+        labels: Labels::from_pairs([("service_name", "test")]).expect("valid"),
+        ..Default::default()
+    };
+    for path in files {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let bytes = read(&path);
+        let result = parse_folded(&bytes, &opts, &Limits::default());
+        if name == "simple-with-invalids.txt" {
+            // `# comment` is skipped; `// some other comment` is not a stack.
+            let e = result.expect_err("invalid line");
+            assert!(matches!(e, FoldedError::InvalidValue { line: 2, .. }), "{e}");
+            continue;
+        }
+        let n = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(n.profiles.len(), 1, "{name}");
+        let p = &n.profiles[0];
+        let got: BTreeMap<String, i64> =
+            folded_lines(p.samples.iter().map(|s| (s.stack, s.value)), &n.symbols)
+                .into_iter()
+                .collect();
+        // Independent oracle: sum the lines by stack text.
+        let text = match bytes.as_slice() {
+            [0xff, 0xfe, rest @ ..] => String::from_utf16(
+                &rest.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect::<Vec<_>>(),
+            )
+            .expect("utf-16"),
+            [0xfe, 0xff, rest @ ..] => String::from_utf16(
+                &rest.chunks_exact(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect::<Vec<_>>(),
+            )
+            .expect("utf-16"),
+            _ => String::from_utf8_lossy(&bytes).into_owned(),
+        };
+        let mut want: BTreeMap<String, i64> = BTreeMap::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let (stack, v) = line.rsplit_once(' ').expect("value");
+            *want.entry(stack.trim_end().to_owned()).or_insert(0) += v.parse::<i64>().expect("int");
+        }
+        want.retain(|_, v| *v != 0);
+        assert_eq!(got, want, "{name}");
+        if name == "simple.txt" || name.starts_with("simple-") {
+            assert_eq!(
+                got.into_iter().collect::<Vec<_>>(),
+                vec![("a;b".to_owned(), 5), ("a;b;c".to_owned(), 5), ("a;b;d".to_owned(), 4)],
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn encode_round_trips_corpus_profiles() {
+    let mut checked = 0;
+    for row in manifest() {
+        if row.expected.is_none() {
+            continue;
+        }
+        let n = load(&row.file).expect("loads");
+        for p in &n.profiles {
+            let samples: Vec<(Id, i64)> = p.samples.iter().map(|s| (s.stack, s.value)).collect();
+            let bytes = encode(&p.profile_type, &samples, &n.symbols, p.time_nanos, p.duration_nanos, p.period);
+            let back = normalize(&decode(&bytes, &Limits::default()).expect("decodes"), &NormalizeOptions::default())
+                .expect("normalizes");
+            assert_eq!(back.profiles.len(), 1, "{}", row.file);
+            let b = &back.profiles[0];
+            assert_eq!(b.profile_type, p.profile_type);
+            assert_eq!((b.time_nanos, b.duration_nanos, b.period), (p.time_nanos, p.duration_nanos, p.period));
+            assert_eq!(
+                folded_lines(b.samples.iter().map(|s| (s.stack, s.value)), &back.symbols),
+                folded_lines(samples.iter().copied(), &n.symbols),
+                "{}",
+                row.file
+            );
+            // Content-addressed symbols survive the trip unchanged.
+            let mut ids: Vec<Id> = b.samples.iter().map(|s| s.stack).collect();
+            let mut orig: Vec<Id> = samples.iter().map(|s| s.0).collect();
+            ids.sort();
+            orig.sort();
+            assert_eq!(ids, orig, "{}", row.file);
+            checked += 1;
+        }
+    }
+    assert!(checked > 300, "{checked}");
+}
+
+#[test]
+#[ignore = "throughput measurement; run with --release -- --ignored --nocapture"]
+fn throughput() {
+    let files: Vec<(String, Vec<u8>)> = all_files()
+        .into_iter()
+        .map(|(f, b)| {
+            let raw = if b.starts_with(&[0x1f, 0x8b]) { gunzip(&b) } else { b };
+            (f, raw)
+        })
+        .collect();
+    let total: usize = files.iter().map(|f| f.1.len()).sum();
+    let rounds = 5;
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        for (_, b) in &files {
+            if let Ok(p) = decode(b, &Limits::default()) {
+                let _ = normalize(&p, &opts());
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "decode+normalize: {:.1} MB/s over {} files, {:.1} MB uncompressed",
+        (total * rounds) as f64 / secs / 1e6,
+        files.len(),
+        total as f64 / 1e6
+    );
+    let big: Vec<&(String, Vec<u8>)> = files.iter().filter(|f| f.1.len() > 1 << 20).collect();
+    for (name, b) in big {
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            let p = decode(b, &Limits::default()).expect("decodes");
+            let _ = normalize(&p, &opts()).expect("normalizes");
+        }
+        let secs = start.elapsed().as_secs_f64();
+        println!("  {name}: {:.1} MB/s", (b.len() * rounds) as f64 / secs / 1e6);
+    }
+}
+
+fn small_files() -> Vec<Vec<u8>> {
+    all_files()
+        .into_iter()
+        .map(|(_, b)| if b.starts_with(&[0x1f, 0x8b]) { gunzip(&b) } else { b })
+        .filter(|b| b.len() < 64 << 10)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mutated_real_files_never_panic(
+        pick in any::<prop::sample::Index>(),
+        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let files = small_files_cached();
+        let mut b = files[pick.index(files.len())].clone();
+        for (at, v) in edits {
+            if !b.is_empty() {
+                let i = at.index(b.len());
+                b[i] = v;
+            }
+        }
+        let keep = cut.index(b.len() + 1);
+        b.truncate(keep.max(b.len() / 2));
+        prop_assert!(no_panic(&b));
+    }
+}
+
+fn small_files_cached() -> &'static [Vec<u8>] {
+    static FILES: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    FILES.get_or_init(small_files)
+}
+
+#[test]
+fn profile_ids_are_deterministic_and_seeded() {
+    let bytes = read(&root().join("pprof/google+pprof/internal/report/testdata/sample.cpu"));
+    let p = decode(&bytes, &Limits::default()).expect("decodes");
+    let a = normalize(&p, &opts()).expect("normalizes");
+    let b = normalize(&p, &opts()).expect("normalizes");
+    assert_eq!(a, b);
+    let seeded = NormalizeOptions {
+        profile_id_seed: Id::from_u128(1),
+        ..opts()
+    };
+    let c = normalize(&p, &seeded).expect("normalizes");
+    let ids = |n: &Normalized| n.profiles.iter().map(|p| p.id).collect::<Vec<_>>();
+    assert_ne!(ids(&a), ids(&c));
+    let distinct: HashMap<Id, ()> = ids(&a).into_iter().map(|i| (i, ())).collect();
+    assert_eq!(distinct.len(), a.profiles.len());
+}

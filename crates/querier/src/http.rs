@@ -1,0 +1,285 @@
+//! The HTTP query API (`docs/api.md`).
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use fathom_api::{ApiError, now_nanos, parse_time, tenant_from_headers};
+use fathom_model::{Selector, TenantId};
+use serde_json::json;
+
+use crate::Querier;
+use crate::render::{flamegraph, folded, folded_text, top};
+
+type Params = Query<HashMap<String, String>>;
+
+/// The query routes, to be merged into the server's router.
+pub fn router(q: Querier) -> axum::Router {
+    axum::Router::new()
+        .route("/api/v1/profile_types", get(profile_types))
+        .route("/api/v1/labels", get(labels))
+        .route("/api/v1/label/{name}/values", get(label_values))
+        .route("/api/v1/series", get(series))
+        .route("/api/v1/query_range", get(query_range))
+        .route("/api/v1/query", get(query))
+        .route("/api/v1/diff", get(diff))
+        .with_state(q)
+}
+
+struct Range {
+    start: i64,
+    end: i64,
+}
+
+fn range(q: &Querier, p: &HashMap<String, String>, s: &str, e: &str) -> Result<Range, ApiError> {
+    let now = now_nanos();
+    let end = match p.get(e) {
+        Some(v) => parse_time(v, now).map_err(|err| ApiError::bad_request(format!("{e}: {err}")))?,
+        None => now,
+    };
+    let start = match p.get(s) {
+        Some(v) => parse_time(v, now).map_err(|err| ApiError::bad_request(format!("{s}: {err}")))?,
+        None => end - 3600 * 1_000_000_000,
+    };
+    if start > end {
+        return Err(ApiError::bad_request(format!("{s} is after {e}")));
+    }
+    if end - start > q.config().max_range_nanos {
+        return Err(ApiError::bad_request(format!(
+            "the range {s}..{e} is longer than the limit of {} hours",
+            q.config().max_range_nanos / 3_600_000_000_000
+        )));
+    }
+    Ok(Range { start, end })
+}
+
+fn selector(p: &HashMap<String, String>, name: &str, required: bool) -> Result<Option<Selector>, ApiError> {
+    match p.get(name) {
+        Some(s) if !s.trim().is_empty() => Selector::parse(s)
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(format!("{name}: {e}"))),
+        _ if required => Err(ApiError::bad_request(format!(
+            "the {name} parameter is required, e.g. {name}=process_cpu:cpu:nanoseconds:cpu:nanoseconds{{service_name=\"app\"}}"
+        ))),
+        _ => Ok(None),
+    }
+}
+
+fn tenant(h: &HeaderMap) -> Result<TenantId, ApiError> {
+    tenant_from_headers(h)
+}
+
+async fn profile_types(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Json<serde_json::Value>, ApiError> {
+    let t = tenant(&h)?;
+    let r = range(&q, &p, "start", "end")?;
+    let types = q.profile_types(&t, r.start, r.end).await?;
+    Ok(Json(json!({ "profile_types": types })))
+}
+
+async fn labels(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Json<serde_json::Value>, ApiError> {
+    let t = tenant(&h)?;
+    let r = range(&q, &p, "start", "end")?;
+    let sel = selector(&p, "query", false)?;
+    let series = q.series(&t, sel.as_ref(), r.start, r.end).await?;
+    let mut names: Vec<&str> = series.iter().flat_map(|s| s.labels.iter().map(|(k, _)| k)).collect();
+    names.sort_unstable();
+    names.dedup();
+    Ok(Json(json!({ "labels": names })))
+}
+
+async fn label_values(
+    State(q): State<Querier>,
+    h: HeaderMap,
+    Path(name): Path<String>,
+    Query(p): Params,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let t = tenant(&h)?;
+    let r = range(&q, &p, "start", "end")?;
+    let sel = selector(&p, "query", false)?;
+    let series = q.series(&t, sel.as_ref(), r.start, r.end).await?;
+    let mut values: Vec<&str> = series.iter().filter_map(|s| s.labels.get(&name)).collect();
+    values.sort_unstable();
+    values.dedup();
+    Ok(Json(json!({ "values": values })))
+}
+
+async fn series(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Json<serde_json::Value>, ApiError> {
+    let t = tenant(&h)?;
+    let r = range(&q, &p, "start", "end")?;
+    let sel = selector(&p, "query", false)?;
+    let series = q.series(&t, sel.as_ref(), r.start, r.end).await?;
+    let out: Vec<serde_json::Value> = series
+        .iter()
+        .map(|s| {
+            let mut m: serde_json::Map<String, serde_json::Value> =
+                s.labels.iter().map(|(k, v)| (k.to_owned(), json!(v))).collect();
+            m.insert("__profile_type__".into(), json!(s.profile_type.to_string()));
+            serde_json::Value::Object(m)
+        })
+        .collect();
+    Ok(Json(json!({ "series": out })))
+}
+
+async fn query_range(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Json<serde_json::Value>, ApiError> {
+    let t = tenant(&h)?;
+    let r = range(&q, &p, "start", "end")?;
+    let sel = selector(&p, "query", true)?.unwrap_or_default();
+    let span = (r.end - r.start).max(1);
+    let step = match p.get("step") {
+        Some(s) => parse_step(s)?,
+        None => (span / 240).max(1_000_000_000),
+    };
+    if span / step > q.config().max_points {
+        return Err(ApiError::bad_request(format!(
+            "step is too small: {} points per series; the limit is {}",
+            span / step,
+            q.config().max_points
+        )));
+    }
+    let group_by: Vec<String> = p
+        .get("group_by")
+        .map(|g| g.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+        .unwrap_or_default();
+    let series = q.range(&t, &sel, r.start, r.end, step, group_by).await?;
+    let out: Vec<serde_json::Value> = series
+        .iter()
+        .map(|s| {
+            let labels: serde_json::Map<String, serde_json::Value> =
+                s.labels.iter().map(|(k, v)| (k.to_owned(), json!(v))).collect();
+            json!({ "labels": labels, "points": s.points })
+        })
+        .collect();
+    Ok(Json(json!({ "series": out })))
+}
+
+/// A step: a duration (`10s`, `1m`) or a number of seconds.
+fn parse_step(s: &str) -> Result<i64, ApiError> {
+    let nanos = if let Ok(secs) = s.parse::<f64>() {
+        (secs * 1e9) as i64
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| ApiError::bad_request(format!("step {s:?}: {e}")))?
+            .as_nanos()
+            .min(i64::MAX as u128) as i64
+    };
+    if nanos <= 0 {
+        return Err(ApiError::bad_request(format!("step {s:?} must be positive")));
+    }
+    Ok(nanos)
+}
+
+fn max_nodes(q: &Querier, p: &HashMap<String, String>) -> Result<usize, ApiError> {
+    match p.get("max_nodes") {
+        None => Ok(8192),
+        Some(s) => {
+            let n: usize = s
+                .parse()
+                .map_err(|_| ApiError::bad_request(format!("max_nodes {s:?} is not a positive integer")))?;
+            if n == 0 || n > q.config().max_flame_nodes {
+                return Err(ApiError::bad_request(format!(
+                    "max_nodes must be between 1 and {}",
+                    q.config().max_flame_nodes
+                )));
+            }
+            Ok(n)
+        }
+    }
+}
+
+fn text(body: String) -> Response {
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"))], body).into_response()
+}
+
+async fn query(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Response, ApiError> {
+    let t = tenant(&h)?;
+    let r = range(&q, &p, "start", "end")?;
+    let sel = selector(&p, "query", true)?.unwrap_or_default();
+    let format = p.get("format").map(String::as_str).unwrap_or("flamegraph");
+    if !matches!(format, "folded" | "top" | "flamegraph" | "pprof") {
+        return Err(ApiError::bad_request(format!(
+            "format {format:?} is not one of folded, top, flamegraph, pprof"
+        )));
+    }
+    let nodes = max_nodes(&q, &p)?;
+    let m = q.merge(&t, &sel, r.start, r.end).await?;
+    if format == "pprof" {
+        let body = fathom_pprof::encode(
+            &m.profile_type,
+            &m.samples,
+            &m.symbols,
+            m.start,
+            m.end - m.start,
+            m.period,
+        );
+        return Ok((
+            [
+                (header::CONTENT_TYPE, HeaderValue::from_static("application/vnd.google.protobuf+gzip")),
+                (header::CONTENT_DISPOSITION, HeaderValue::from_static("attachment; filename=\"profile.pb.gz\"")),
+            ],
+            body,
+        )
+            .into_response());
+    }
+    let rows = folded([(&m.samples[..], &m.symbols)]);
+    Ok(match format {
+        "folded" => text(folded_text(&rows)),
+        "top" => {
+            let total: i64 = rows.iter().map(|r| r.1[0]).sum();
+            let t = top(&rows);
+            Json(json!({
+                "unit": m.profile_type.sample_unit,
+                "total": total,
+                "profiles": m.profiles,
+                "rows": t.iter().map(|r| json!({"name": r.name, "flat": r.flat[0], "cum": r.cum[0]})).collect::<Vec<_>>(),
+            }))
+            .into_response()
+        }
+        _ => Json(flamegraph(&rows, nodes).to_json()).into_response(),
+    })
+}
+
+async fn diff(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Response, ApiError> {
+    let t = tenant(&h)?;
+    let lr = range(&q, &p, "left_start", "left_end")?;
+    let rr = range(&q, &p, "right_start", "right_end")?;
+    let ls = selector(&p, "left", true)?.unwrap_or_default();
+    let rs = selector(&p, "right", true)?.unwrap_or_default();
+    if ls.profile_type != rs.profile_type {
+        return Err(ApiError::bad_request(
+            "left and right must name the same profile type",
+        ));
+    }
+    let format = p.get("format").map(String::as_str).unwrap_or("flamegraph");
+    if !matches!(format, "folded" | "top" | "flamegraph") {
+        return Err(ApiError::bad_request(format!(
+            "format {format:?} is not one of folded, top, flamegraph"
+        )));
+    }
+    let nodes = max_nodes(&q, &p)?;
+    let (l, r) = tokio::try_join!(
+        q.merge(&t, &ls, lr.start, lr.end),
+        q.merge(&t, &rs, rr.start, rr.end)
+    )?;
+    let rows = folded([(&l.samples[..], &l.symbols), (&r.samples[..], &r.symbols)]);
+    Ok(match format {
+        "folded" => text(folded_text(&rows)),
+        "top" => {
+            let t = top(&rows);
+            Json(json!({
+                "unit": l.profile_type.sample_unit,
+                "left_total": l.total(),
+                "right_total": r.total(),
+                "rows": t.iter().map(|r| json!({
+                    "name": r.name,
+                    "left_flat": r.flat[0], "left_cum": r.cum[0],
+                    "right_flat": r.flat[1], "right_cum": r.cum[1],
+                })).collect::<Vec<_>>(),
+            }))
+            .into_response()
+        }
+        _ => Json(flamegraph(&rows, nodes).to_json()).into_response(),
+    })
+}

@@ -1,0 +1,301 @@
+//! Turning merged (stack, value) pairs into what users read: folded text,
+//! top tables and flame graph trees, for one profile or a diff of two.
+//!
+//! Everything here works on "columns": one value per side (one for a merge,
+//! two for a diff, left then right), so a merge and a diff share one code
+//! path.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fathom_model::{Id, Symbols};
+use serde::Serialize;
+
+/// Stacks as frame lists (root first) with one value per column; equal
+/// frame lists are summed, all-zero rows dropped, sorted by frames.
+pub fn folded<const N: usize>(
+    cols: [(&[(Id, i64)], &Symbols); N],
+) -> Vec<(Vec<String>, [i64; N])> {
+    let mut acc: BTreeMap<Vec<String>, [i64; N]> = BTreeMap::new();
+    for (c, (samples, symbols)) in cols.iter().enumerate() {
+        for (stack, v) in samples.iter() {
+            let frames = symbols.frames(stack);
+            acc.entry(frames).or_insert([0; N])[c] += *v;
+        }
+    }
+    acc.into_iter().filter(|(_, v)| v.iter().any(|x| *x != 0)).collect()
+}
+
+/// Folded text: `root;…;leaf v1[ v2]` per line.
+pub fn folded_text<const N: usize>(rows: &[(Vec<String>, [i64; N])]) -> String {
+    let mut out = String::new();
+    for (frames, vals) in rows {
+        out.push_str(&frames.join(";"));
+        for v in vals {
+            out.push(' ');
+            out.push_str(&v.to_string());
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// One function's flat (as leaf) and cumulative (anywhere on the stack,
+/// counted once per stack) values, per column.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TopRow<const N: usize> {
+    pub name: String,
+    #[serde(skip)]
+    pub flat: [i64; N],
+    #[serde(skip)]
+    pub cum: [i64; N],
+}
+
+/// Functions by flat value of the last column, descending, then by name.
+pub fn top<const N: usize>(rows: &[(Vec<String>, [i64; N])]) -> Vec<TopRow<N>> {
+    let mut by: HashMap<&str, ([i64; N], [i64; N])> = HashMap::new();
+    for (frames, vals) in rows {
+        if let Some(leaf) = frames.last() {
+            let e = by.entry(leaf.as_str()).or_insert(([0; N], [0; N]));
+            for c in 0..N {
+                e.0[c] += vals[c];
+            }
+        }
+        let mut once: Vec<&str> = frames.iter().map(String::as_str).collect();
+        once.sort_unstable();
+        once.dedup();
+        for f in once {
+            let e = by.entry(f).or_insert(([0; N], [0; N]));
+            for c in 0..N {
+                e.1[c] += vals[c];
+            }
+        }
+    }
+    let mut out: Vec<TopRow<N>> = by
+        .into_iter()
+        .map(|(name, (flat, cum))| TopRow {
+            name: name.to_owned(),
+            flat,
+            cum,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.flat[N - 1]
+            .cmp(&a.flat[N - 1])
+            .then_with(|| b.cum[N - 1].cmp(&a.cum[N - 1]))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    out
+}
+
+/// A flame graph node: total and self values per column.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlameNode<const N: usize> {
+    pub name: String,
+    pub value: [i64; N],
+    pub self_value: [i64; N],
+    pub children: Vec<FlameNode<N>>,
+}
+
+/// The label of the node that holds a parent's small children.
+pub const OTHER: &str = "other";
+
+/// Builds the tree rooted at `total`. At most `max_nodes` nodes are kept:
+/// the largest by the sum of absolute column values; the children of a
+/// parent that fall below the cut are merged into one `other` child.
+/// Children are sorted by name.
+pub fn flamegraph<const N: usize>(
+    rows: &[(Vec<String>, [i64; N])],
+    max_nodes: usize,
+) -> FlameNode<N> {
+    #[derive(Default)]
+    struct Raw<const N: usize> {
+        value: Vec<i64>,
+        self_value: Vec<i64>,
+        children: BTreeMap<String, usize>,
+    }
+    let mut arena: Vec<Raw<N>> = vec![Raw {
+        value: vec![0; N],
+        self_value: vec![0; N],
+        children: BTreeMap::new(),
+    }];
+    for (frames, vals) in rows {
+        let mut cur = 0;
+        for c in 0..N {
+            arena[0].value[c] += vals[c];
+        }
+        for f in frames {
+            let next = match arena[cur].children.get(f) {
+                Some(&i) => i,
+                None => {
+                    arena.push(Raw {
+                        value: vec![0; N],
+                        self_value: vec![0; N],
+                        children: BTreeMap::new(),
+                    });
+                    let i = arena.len() - 1;
+                    arena[cur].children.insert(f.clone(), i);
+                    i
+                }
+            };
+            cur = next;
+            for c in 0..N {
+                arena[cur].value[c] += vals[c];
+            }
+        }
+        for c in 0..N {
+            arena[cur].self_value[c] += vals[c];
+        }
+    }
+    // The weight that decides what is kept.
+    let weight = |r: &Raw<N>| r.value.iter().map(|v| v.unsigned_abs()).sum::<u64>();
+    let max_nodes = max_nodes.max(1);
+    let threshold = if arena.len() > max_nodes {
+        let mut w: Vec<u64> = arena.iter().map(weight).collect();
+        w.sort_unstable_by(|a, b| b.cmp(a));
+        // Strictly above the (max_nodes)-th weight: ties are cut together.
+        w[max_nodes - 1].saturating_add(1)
+    } else {
+        0
+    };
+    fn to_arr<const N: usize>(v: &[i64]) -> [i64; N] {
+        let mut a = [0; N];
+        a.copy_from_slice(v);
+        a
+    }
+    fn build<const N: usize>(
+        arena: &[Raw<N>],
+        i: usize,
+        name: String,
+        threshold: u64,
+        weight: &dyn Fn(&Raw<N>) -> u64,
+    ) -> FlameNode<N> {
+        let r = &arena[i];
+        let mut children = Vec::new();
+        let mut other = [0i64; N];
+        let mut has_other = false;
+        for (name, &c) in &r.children {
+            if weight(&arena[c]) >= threshold {
+                children.push(build(arena, c, name.clone(), threshold, weight));
+            } else {
+                has_other = true;
+                for k in 0..N {
+                    other[k] += arena[c].value[k];
+                }
+            }
+        }
+        if has_other {
+            children.push(FlameNode {
+                name: OTHER.to_owned(),
+                value: other,
+                self_value: other,
+                children: Vec::new(),
+            });
+        }
+        FlameNode {
+            name,
+            value: to_arr(&r.value),
+            self_value: to_arr(&r.self_value),
+            children,
+        }
+    }
+    build(&arena, 0, "total".to_owned(), threshold, &weight)
+}
+
+impl FlameNode<1> {
+    /// `{"name", "value", "self", "children"}`
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "value": self.value[0],
+            "self": self.self_value[0],
+            "children": self.children.iter().map(|c| c.to_json()).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl FlameNode<2> {
+    /// `{"name", "left", "right", "self_left", "self_right", "children"}`
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "left": self.value[0],
+            "right": self.value[1],
+            "self_left": self.self_value[0],
+            "self_right": self.self_value[1],
+            "children": self.children.iter().map(|c| c.to_json()).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl<const N: usize> FlameNode<N> {
+    /// Nodes in the tree, this one included.
+    pub fn count(&self) -> usize {
+        1 + self.children.iter().map(|c| c.count()).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows() -> Vec<(Vec<String>, [i64; 1])> {
+        let r = |s: &str, v: i64| (s.split(';').map(str::to_owned).collect(), [v]);
+        vec![
+            r("main;a;b", 5),
+            r("main;a", 2),
+            r("main;c", 1),
+            r("main;d", 1),
+            r("other_root;x", 3),
+        ]
+    }
+
+    #[test]
+    fn top_flat_and_cum() {
+        let t = top(&rows());
+        assert_eq!(t[0].name, "b");
+        assert_eq!(t[0].flat, [5]);
+        let a = t.iter().find(|r| r.name == "a").unwrap();
+        assert_eq!((a.flat, a.cum), ([2], [7]));
+        let main = t.iter().find(|r| r.name == "main").unwrap();
+        assert_eq!((main.flat, main.cum), ([0], [9]));
+    }
+
+    #[test]
+    fn top_counts_recursion_once() {
+        let r = vec![(vec!["f".to_owned(), "f".to_owned(), "f".to_owned()], [4])];
+        let t = top(&r);
+        assert_eq!((t[0].flat, t[0].cum), ([4], [4]));
+    }
+
+    #[test]
+    fn flamegraph_totals_and_snapshot() {
+        let g = flamegraph(&rows(), 100);
+        assert_eq!(g.value, [12]);
+        insta::assert_json_snapshot!(g.to_json());
+    }
+
+    #[test]
+    fn flamegraph_prunes_into_other() {
+        let g = flamegraph(&rows(), 4);
+        assert!(g.count() <= 4 + 2, "{}", g.count());
+        let main = g.children.iter().find(|c| c.name == "main").unwrap();
+        let other = main.children.iter().find(|c| c.name == OTHER).unwrap();
+        assert_eq!(other.value, [2]); // c and d
+        // Totals are kept whatever is pruned.
+        assert_eq!(main.value, [9]);
+        let sum: i64 = main.children.iter().map(|c| c.value[0]).sum();
+        assert_eq!(sum + main.self_value[0], main.value[0]);
+    }
+
+    #[test]
+    fn diff_keeps_both_columns() {
+        let r = |s: &str, a: i64, b: i64| (s.split(';').map(str::to_owned).collect::<Vec<_>>(), [a, b]);
+        let rows = vec![r("main;a", 3, 0), r("main;b", 0, 4)];
+        let g = flamegraph(&rows, 100);
+        assert_eq!(g.value, [3, 4]);
+        let t = top(&rows);
+        assert_eq!(t[0].name, "b");
+        assert_eq!(t[0].flat, [0, 4]);
+        assert_eq!(folded_text(&rows), "main;a 3 0\nmain;b 0 4\n");
+    }
+}
