@@ -116,6 +116,7 @@ struct AllArgs {
 
 impl AllArgs {
     fn config(self) -> AllConfig {
+        let limits = fathom_server_limits(&self);
         AllConfig {
             listen: self.listen,
             data_dir: self.data_dir,
@@ -134,7 +135,7 @@ impl AllArgs {
             flush_interval: self.flush_interval,
             max_head_bytes: self.max_head_size,
             shutdown_flush_timeout: self.shutdown_flush_timeout,
-            limits: fathom_server_limits(&self),
+            limits,
             querier: fathom_querier_config(self.max_query_range),
             query_threads: self.query_threads,
         }

@@ -1,1 +1,296 @@
-//! placeholder
+//! A harness that starts the real `fathom` binary as a child process (the
+//! way IOx's MiniCluster does), waits until it is ready, and talks to it
+//! over HTTP and gRPC. Shared by every end-to-end test.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("integration/ has a parent")
+        .to_path_buf()
+}
+
+/// `../shared/testdata` relative to the workspace.
+pub fn testdata() -> PathBuf {
+    workspace().join("../shared/testdata")
+}
+
+/// The `fathom` binary built by this `cargo test` run.
+pub fn fathom_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"));
+    target.join("debug").join("fathom")
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on loopback")
+}
+
+/// A running `fathom all`, killed on drop.
+pub struct Fathom {
+    child: Option<Child>,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub http: reqwest::blocking::Client,
+    log: PathBuf,
+    extra: Vec<String>,
+}
+
+impl Fathom {
+    /// Starts `fathom all` on a free loopback port with `data_dir`.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Result<Fathom> {
+        let mut f = Fathom {
+            child: None,
+            port: free_port(),
+            data_dir: data_dir.to_owned(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()?,
+            log: data_dir.join("fathom.log"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        f.spawn()?;
+        Ok(f)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        std::fs::create_dir_all(&self.data_dir)?;
+        let bin = fathom_bin();
+        if !bin.exists() {
+            bail!("{} is missing: build it with cargo build -p fathom", bin.display());
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&bin)
+            .arg("all")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(60))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let t0 = Instant::now();
+        loop {
+            if let Some(c) = self.child.as_mut() {
+                if let Some(status) = c.try_wait()? {
+                    bail!("fathom exited with {status} before ready:\n{}", self.log());
+                }
+            }
+            if let Ok(r) = self.http.get(self.url("/ready")).send() {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            if t0.elapsed() > timeout {
+                bail!("fathom not ready after {timeout:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit (the heads are flushed).
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            let pid = c.id().to_string();
+            Command::new("kill").args(["-TERM", &pid]).status()?;
+            let t0 = Instant::now();
+            loop {
+                if let Some(s) = c.try_wait()? {
+                    if !s.success() {
+                        bail!("fathom exited with {s}:\n{}", self.log());
+                    }
+                    return Ok(());
+                }
+                if t0.elapsed() > Duration::from_secs(90) {
+                    let _ = c.kill();
+                    bail!("fathom did not stop after SIGTERM:\n{}", self.log());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILL: no flush.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops (SIGTERM) and starts again on the same port and data.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop()?;
+        self.spawn()
+    }
+
+    /// Starts again after [`Fathom::kill`].
+    pub fn start_again(&mut self) -> Result<()> {
+        self.spawn()
+    }
+
+    /// POST /ingest; returns (status, body).
+    pub fn ingest(
+        &self,
+        tenant: Option<&str>,
+        query: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Result<(u16, String)> {
+        let mut rb = self.http.post(self.url("/ingest")).query(query).body(body);
+        if let Some(t) = tenant {
+            rb = rb.header("X-Scope-OrgID", t);
+        }
+        let r = rb.send()?;
+        Ok((r.status().as_u16(), r.text()?))
+    }
+
+    /// GET with query parameters; returns (status, body).
+    pub fn get(&self, tenant: Option<&str>, path: &str, query: &[(&str, &str)]) -> Result<(u16, Vec<u8>)> {
+        let mut rb = self.http.get(self.url(path)).query(query);
+        if let Some(t) = tenant {
+            rb = rb.header("X-Scope-OrgID", t);
+        }
+        let r = rb.send()?;
+        Ok((r.status().as_u16(), r.bytes()?.to_vec()))
+    }
+
+    /// GET that must succeed, as JSON.
+    pub fn get_json(&self, tenant: Option<&str>, path: &str, query: &[(&str, &str)]) -> Result<serde_json::Value> {
+        let (s, b) = self.get(tenant, path, query)?;
+        if s != 200 {
+            bail!("GET {path} {query:?}: {s}: {}", String::from_utf8_lossy(&b));
+        }
+        Ok(serde_json::from_slice(&b)?)
+    }
+
+    /// A merged profile in folded form: stack → value.
+    pub fn folded(&self, tenant: Option<&str>, query: &str, start: &str, end: &str) -> Result<BTreeMap<String, i64>> {
+        let (s, b) = self.get(
+            tenant,
+            "/api/v1/query",
+            &[("query", query), ("start", start), ("end", end), ("format", "folded")],
+        )?;
+        if s != 200 {
+            bail!("query {query}: {s}: {}", String::from_utf8_lossy(&b));
+        }
+        parse_folded(&String::from_utf8(b)?)
+    }
+
+    /// A metric's value from /metrics (first sample whose name matches).
+    pub fn metric(&self, name: &str) -> Result<f64> {
+        let text = self.http.get(self.url("/metrics")).send()?.text()?;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix(name) {
+                if rest.starts_with(' ') || rest.starts_with('{') {
+                    if let Some(v) = rest.rsplit(' ').next() {
+                        return Ok(v.parse()?);
+                    }
+                }
+            }
+        }
+        bail!("metric {name} not found")
+    }
+}
+
+impl Drop for Fathom {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Parses `stack value` lines (value after the last space).
+pub fn parse_folded(text: &str) -> Result<BTreeMap<String, i64>> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let (stack, v) = line
+            .rsplit_once(' ')
+            .with_context(|| format!("folded line without a value: {line:?}"))?;
+        *out.entry(stack.to_owned()).or_insert(0) += v.parse::<i64>()?;
+    }
+    Ok(out)
+}
+
+/// An expectation file: `(sample_type/unit) → stack → value`.
+pub fn read_expectation(path: &Path) -> Result<BTreeMap<String, BTreeMap<String, i64>>> {
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path)?).read_to_string(&mut text)?;
+    let mut out: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        // Function names may hold tabs: the type is the first field and the
+        // value the last.
+        let (Some((t, rest)), true) = (line.split_once('\t'), line.matches('\t').count() >= 2) else {
+            bail!("bad expectation line {line:?} in {}", path.display());
+        };
+        let Some((stack, v)) = rest.rsplit_once('\t') else {
+            bail!("bad expectation line {line:?} in {}", path.display());
+        };
+        *out.entry(t.to_owned()).or_default().entry(stack.to_owned()).or_insert(0) += v.parse::<i64>()?;
+    }
+    Ok(out)
+}
+
+/// One row of `pprof/MANIFEST.tsv`.
+#[derive(Clone, Debug)]
+pub struct CorpusFile {
+    pub file: String,
+    pub path: PathBuf,
+    pub expected: Option<PathBuf>,
+}
+
+/// Every file of the pprof corpus.
+pub fn corpus() -> Result<Vec<CorpusFile>> {
+    let dir = testdata().join("pprof");
+    let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv"))
+        .with_context(|| format!("reading {}/MANIFEST.tsv", dir.display()))?;
+    let mut lines = manifest.lines();
+    let header: Vec<&str> = lines.next().context("empty manifest")?.split('\t').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let (fi, ei) = (col("file").context("file column")?, col("expected").context("expected column")?);
+    let mut out = Vec::new();
+    for l in lines {
+        let f: Vec<&str> = l.split('\t').collect();
+        let file = f.get(fi).copied().unwrap_or_default().to_owned();
+        let expected = f.get(ei).filter(|e| !e.is_empty()).map(|e| dir.join(e));
+        out.push(CorpusFile {
+            path: dir.join(&file),
+            file,
+            expected,
+        });
+    }
+    Ok(out)
+}

@@ -207,7 +207,10 @@ impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ParseError::Short { len } => {
-                write!(f, "record of {len} bytes is shorter than the {HEADER_SIZE}-byte header")
+                write!(
+                    f,
+                    "record of {len} bytes is shorter than the {HEADER_SIZE}-byte header"
+                )
             }
             ParseError::Kind(k) => write!(f, "unknown record kind {k}"),
             ParseError::Frames {
@@ -306,7 +309,11 @@ pub fn encode_event(h: &EventHeader, kernel: &[u64], user: &[u64]) -> Vec<u8> {
     b[OFF_UFRAMES..OFF_UFRAMES + 2].copy_from_slice(&uf.to_ne_bytes());
     b[OFF_KERR..OFF_KERR + 2].copy_from_slice(&h.kerr.to_ne_bytes());
     b[OFF_UERR..OFF_UERR + 2].copy_from_slice(&h.uerr.to_ne_bytes());
-    for a in kernel.iter().take(kf.into()).chain(user.iter().take(uf.into())) {
+    for a in kernel
+        .iter()
+        .take(kf.into())
+        .chain(user.iter().take(uf.into()))
+    {
         b.extend_from_slice(&a.to_ne_bytes());
     }
     b
@@ -360,7 +367,10 @@ mod tests {
 
     #[test]
     fn refuses_bad_records() {
-        assert_eq!(parse_event(&[0; 10]).unwrap_err(), ParseError::Short { len: 10 });
+        assert_eq!(
+            parse_event(&[0; 10]).unwrap_err(),
+            ParseError::Short { len: 10 }
+        );
         let mut b = encode_event(&header(), &[], &[1]);
         b[0] = 9;
         assert_eq!(parse_event(&b).unwrap_err(), ParseError::Kind(9));

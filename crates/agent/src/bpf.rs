@@ -4,7 +4,7 @@
 //! embedded. Loading fails loudly: no kernel BTF, a verifier refusal (with the
 //! verifier's log) or a perf_event_open refusal (with the errno and what it
 //! usually means) is an error, never a silently idle agent.
-#![allow(unsafe_code)] // setrlimit(RLIMIT_MEMLOCK) for kernels before 5.11; see raise_memlock.
+#![allow(unsafe_code)] // getrlimit/setrlimit in raise_limits, and the ring buffer fd's registration in async_ring.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -26,7 +26,9 @@ pub enum BpfError {
         "kernel BTF is not available at /sys/kernel/btf/vmlinux (a kernel built with CONFIG_DEBUG_INFO_BTF=y is required for CO-RE): {0}"
     )]
     Btf(#[source] aya::BtfError),
-    #[error("loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?): {0}")]
+    #[error(
+        "loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?): {0}"
+    )]
     Load(#[source] aya::EbpfError),
     #[error("the BPF object has no program {0:?}")]
     MissingProgram(&'static str),
@@ -52,6 +54,12 @@ pub enum BpfError {
         #[source]
         source: ProgramError,
     },
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
     #[error("reading the online CPUs from {what}: {source}")]
     OnlineCpus {
         what: &'static str,
@@ -69,10 +77,15 @@ pub(crate) struct BpfConfig {
     pub(crate) exclude_pid: Option<u32>,
 }
 
-/// The loaded profiler: programs attached, maps open.
+/// The loaded profiler: the ring buffer to drain, and the rest.
 pub(crate) struct Profiler {
-    ebpf: Ebpf,
     pub(crate) ring: RingBuf<MapData>,
+    pub(crate) control: Control,
+}
+
+/// The programs, their per-CPU links and the maps other than the ring.
+pub(crate) struct Control {
+    ebpf: Ebpf,
     counters: PerCpuArray<MapData, u64>,
     skip: BpfHashMap<MapData, u32, u64>,
     links: BTreeMap<u32, PerfEventLinkId>,
@@ -91,7 +104,7 @@ impl Profiler {
     /// Loads the object, attaches the exec tracepoint and one CPU-clock perf
     /// event per online CPU.
     pub(crate) fn load(cfg: &BpfConfig) -> Result<Self, BpfError> {
-        raise_memlock();
+        raise_limits();
         let btf = Btf::from_sys_fs().map_err(BpfError::Btf)?;
         let cpus = online_cpus()?;
         let hz = cfg.sampling_hz.clamp(1, 10_000);
@@ -162,24 +175,25 @@ impl Profiler {
             source,
         })?;
 
-        let mut p = Profiler {
+        let mut control = Control {
             ebpf,
-            ring,
             counters,
             skip,
             links: BTreeMap::new(),
             period_ns: 1_000_000_000 / hz,
         };
-        p.sync_cpus(&cpus)?;
-        if p.links.is_empty() {
+        control.sync_cpus(&cpus)?;
+        if control.links.is_empty() {
             return Err(BpfError::OnlineCpus {
                 what: "/sys/devices/system/cpu/online",
                 source: io::Error::other("no online CPU"),
             });
         }
-        Ok(p)
+        Ok(Profiler { ring, control })
     }
+}
 
+impl Control {
     /// The sampling period in nanoseconds (1e9 / hz).
     pub(crate) fn period_ns(&self) -> u64 {
         self.period_ns
@@ -233,7 +247,7 @@ impl Profiler {
                 // A CPU that went offline between reading the list and the
                 // attach: skip it, the next refresh retries.
                 Err(ProgramError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc_enodev()) =>
+                    if e.io_error.raw_os_error() == Some(libc::ENODEV) =>
                 {
                     tracing::debug!(cpu, "cpu went offline while attaching");
                 }
@@ -276,6 +290,18 @@ impl Profiler {
     }
 }
 
+/// Registers the ring buffer's fd with the tokio reactor (must be called
+/// inside a runtime).
+pub(crate) fn async_ring(
+    ring: RingBuf<MapData>,
+) -> io::Result<tokio::io::unix::AsyncFd<RingBuf<MapData>>> {
+    // SAFETY: RingBuf owns its map's fd: it stays open, refers to the same
+    // ring buffer map, and `as_raw_fd` returns it unchanged for as long as the
+    // RingBuf lives, which is the AsyncFd's lifetime (it owns the RingBuf).
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
+}
+
 /// CPUs to attach to and to detach from, given the attached and online sets.
 pub(crate) fn cpu_diff(
     attached: impl Iterator<Item = u32>,
@@ -295,29 +321,40 @@ pub(crate) fn cpu_diff(
     (attach, detach)
 }
 
-fn libc_enodev() -> i32 {
-    19 // ENODEV on Linux
-}
-
 fn online_cpus() -> Result<Vec<u32>, BpfError> {
     aya::util::online_cpus().map_err(|(what, source)| BpfError::OnlineCpus { what, source })
 }
 
 /// BPF maps are charged against RLIMIT_MEMLOCK on kernels before 5.11 (memcg
-/// accounting replaced it). Raise it; on newer kernels this is harmless.
-fn raise_memlock() {
-    let lim = libc::rlimit {
+/// accounting replaced it): raise it, harmless on newer kernels. And raise
+/// the soft RLIMIT_NOFILE to the hard one: the symbolizer holds a handle to
+/// each binary of another mount namespace (containers) until it is parsed.
+fn raise_limits() {
+    let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
     };
     // SAFETY: setrlimit reads a fully initialized rlimit struct and has no
     // other memory effects.
-    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
-    if rc != 0 {
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
         tracing::debug!(
             error = %io::Error::last_os_error(),
             "could not raise RLIMIT_MEMLOCK (fine on kernels >= 5.11)"
         );
+    }
+    let mut files = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut files) } == 0
+        && files.rlim_cur < files.rlim_max
+    {
+        files.rlim_cur = files.rlim_max;
+        // SAFETY: as above, setrlimit only reads the struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &files) } != 0 {
+            tracing::debug!(error = %io::Error::last_os_error(), "could not raise RLIMIT_NOFILE");
+        }
     }
 }
 

@@ -34,8 +34,11 @@ use crate::relabel::{LabelMap, Relabeler};
 use crate::symbolize::{FrameKey, Object, Symbolizer};
 use crate::symtab::SymbolTable;
 
-/// Minimum time between two re-reads of one process's maps on a miss.
+/// Minimum time between two re-reads of one process's maps on a miss; it
+/// doubles, up to `MAPS_REFRESH_MAX`, while re-reads find nothing new (a
+/// process without frame pointers misses all the time).
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
+const MAPS_REFRESH_MAX: Duration = Duration::from_secs(60);
 /// Minimum time between two reads of one process's perf map.
 const PERF_MAP_REFRESH: Duration = Duration::from_secs(5);
 /// Longest command line kept in `__meta_process_cmdline`.
@@ -60,6 +63,7 @@ struct Process {
     labels: Option<Arc<Labels>>,
     maps: Vec<(Mapping, Rc<Object>)>,
     maps_read: Option<Instant>,
+    maps_backoff: Duration,
     perf_map: Option<Rc<Object>>,
     perf_map_read: Option<Instant>,
     ns_pid: u32,
@@ -153,7 +157,8 @@ impl Collector {
                     return;
                 };
                 let serial = p.serial;
-                let mut frames = Vec::with_capacity(usize::from(h.kframes) + usize::from(h.uframes));
+                let mut frames =
+                    Vec::with_capacity(usize::from(h.kframes) + usize::from(h.uframes));
                 let kernel = self.sym.kernel().id;
                 for (i, a) in ev.kernel_frames().enumerate() {
                     // Past the leaf, frames are return addresses: look up the call.
@@ -165,7 +170,17 @@ impl Collector {
                 }
                 for (i, a) in ev.user_frames().enumerate() {
                     let addr = if i == 0 { a } else { a.saturating_sub(1) };
-                    frames.push(self.user_frame(key, addr));
+                    match self.user_frame(key, addr) {
+                        Some(f) => frames.push(f),
+                        None => {
+                            // Outside every mapping: the frame-pointer chain
+                            // went astray (code without frame pointers), and
+                            // what follows is noise. One marker frame says so.
+                            self.metrics.frames_outside_mappings.inc();
+                            frames.push(self.sym.truncated());
+                            break;
+                        }
+                    }
                 }
                 if frames.is_empty() {
                     self.metrics.samples_without_stack.inc();
@@ -187,29 +202,23 @@ impl Collector {
         o
     }
 
-    /// Normalizes one user address of process `key`.
-    fn user_frame(&mut self, key: (u32, u64), addr: u64) -> FrameKey {
-        let now = Instant::now();
+    /// Normalizes one user address of process `key`; `None` when no mapping
+    /// of the process holds it, even after a re-read of its maps.
+    fn user_frame(&mut self, key: (u32, u64), addr: u64) -> Option<FrameKey> {
         let mut hit = self.lookup_mapping(key, addr);
         if hit.is_none() {
-            let stale = self
-                .processes
-                .get(&key)
-                .is_some_and(|p| p.maps_read.is_none_or(|t| now.duration_since(t) >= MAPS_REFRESH));
-            if stale {
+            let now = Instant::now();
+            let due = self.processes.get(&key).is_some_and(|p| {
+                p.maps_read
+                    .is_none_or(|t| now.duration_since(t) >= p.maps_backoff)
+            });
+            if due {
                 self.read_maps(key);
                 hit = self.lookup_mapping(key, addr);
             }
         }
-        let Some((m, obj)) = hit else {
-            self.metrics.frames_outside_mappings.inc();
-            let o = self.unknown_object("[unknown]");
-            return FrameKey {
-                object: o.id,
-                addr,
-            };
-        };
-        match &m.backing {
+        let (m, obj) = hit?;
+        Some(match &m.backing {
             Backing::File { .. } => FrameKey {
                 object: obj.id,
                 addr: addr - m.start + m.offset,
@@ -228,12 +237,15 @@ impl Collector {
                     addr,
                 },
             },
-        }
+        })
     }
 
     fn lookup_mapping(&self, key: (u32, u64), addr: u64) -> Option<(Mapping, Rc<Object>)> {
         let p = self.processes.get(&key)?;
-        let i = p.maps.partition_point(|(m, _)| m.start <= addr).checked_sub(1)?;
+        let i = p
+            .maps
+            .partition_point(|(m, _)| m.start <= addr)
+            .checked_sub(1)?;
         let (m, o) = &p.maps[i];
         (addr < m.end).then(|| (m.clone(), o.clone()))
     }
@@ -255,7 +267,9 @@ impl Collector {
             .join(format!("tmp/perf-{ns_pid}.map"));
         let obj = match std::fs::File::open(&path) {
             Ok(f) => match SymbolTable::parse_perf_map(std::io::BufReader::new(f)) {
-                Ok(t) if !t.is_empty() => Some(self.sym.perf_map(format!("/tmp/perf-{ns_pid}.map"), t)),
+                Ok(t) if !t.is_empty() => {
+                    Some(self.sym.perf_map(format!("/tmp/perf-{ns_pid}.map"), t))
+                }
                 _ => None,
             },
             Err(_) => None,
@@ -268,19 +282,29 @@ impl Collector {
         p.perf_map.clone()
     }
 
+    /// (Re-)reads the maps of a process and resolves new files to objects.
     fn read_maps(&mut self, key: (u32, u64)) {
         let (pid, _) = key;
-        let maps = match self.proc.maps(pid) {
-            Ok(m) => m,
-            Err(_) => {
-                // Gone (or not readable): keep what we had.
-                if let Some(p) = self.processes.get_mut(&key) {
-                    p.maps_read = Some(Instant::now());
-                }
+        let now = Instant::now();
+        let read = self.proc.maps(pid);
+        let Some(p) = self.processes.get_mut(&key) else {
+            return;
+        };
+        p.maps_read = Some(now);
+        let maps = match read {
+            Ok(m) if !m.is_empty() => m,
+            // Gone, a zombie, or in the middle of an exec: keep what we had.
+            _ => {
+                p.maps_backoff = (p.maps_backoff * 2).min(MAPS_REFRESH_MAX);
                 self.metrics.maps_read_failures.inc();
                 return;
             }
         };
+        if maps.len() == p.maps.len() && maps.iter().zip(&p.maps).all(|(a, (b, _))| a == b) {
+            p.maps_backoff = (p.maps_backoff * 2).min(MAPS_REFRESH_MAX);
+            return;
+        }
+        p.maps_backoff = MAPS_REFRESH;
         let mut resolved = Vec::with_capacity(maps.len());
         for m in maps {
             let obj = match &m.backing {
@@ -294,7 +318,6 @@ impl Collector {
         }
         if let Some(p) = self.processes.get_mut(&key) {
             p.maps = resolved;
-            p.maps_read = Some(Instant::now());
         }
     }
 
@@ -325,6 +348,7 @@ impl Collector {
             labels,
             maps: Vec::new(),
             maps_read: None,
+            maps_backoff: MAPS_REFRESH,
             perf_map: None,
             perf_map_read: None,
             ns_pid: self.proc.ns_pid(pid).unwrap_or(pid),
@@ -381,18 +405,17 @@ impl Collector {
         let time_nanos = start
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
-        let duration_nanos = now
-            .duration_since(start)
-            .map_or(0, |d| d.as_nanos() as i64);
+        let duration_nanos = now.duration_since(start).map_or(0, |d| d.as_nanos() as i64);
         let period = i64::try_from(self.cfg.period_ns).unwrap_or(i64::MAX);
 
         let mut groups: HashMap<Arc<Labels>, PprofBuilder> = HashMap::new();
-        let mut aggregates: Vec<Aggregate> = std::mem::take(&mut self.aggregates).into_values().collect();
+        let mut aggregates: Vec<Aggregate> =
+            std::mem::take(&mut self.aggregates).into_values().collect();
         // Deterministic merge order.
         aggregates.sort_by(|a, b| a.labels.cmp(&b.labels));
         for agg in aggregates {
             let Some(labels) = agg.labels else { continue };
-            let b = groups.entry(labels).or_insert_with(PprofBuilder::new);
+            let b = groups.entry(labels).or_default();
             let mut stacks: Vec<_> = agg.stacks.into_iter().collect();
             stacks.sort();
             for (frames, n) in stacks {
@@ -406,7 +429,9 @@ impl Collector {
             if b.is_empty() {
                 continue;
             }
-            self.metrics.unsymbolized_locations.inc_by(b.unsymbolized_locations);
+            self.metrics
+                .unsymbolized_locations
+                .inc_by(b.unsymbolized_locations);
             let p = b.finish(time_nanos, duration_nanos, period);
             let mut pairs: Vec<LabelPair> = labels
                 .iter()
@@ -484,7 +509,10 @@ mod tests {
                 period_ns: 52_631_578,
                 relabeler: Relabeler::from_yaml(relabel).unwrap(),
             },
-            SymbolTable::parse_kallsyms("ffffffff81000000 T entry_SYSCALL_64\nffffffff81000100 T do_sys_write\n".as_bytes()).unwrap(),
+            SymbolTable::parse_kallsyms(
+                "ffffffff81000000 T entry_SYSCALL_64\nffffffff81000100 T do_sys_write\n".as_bytes(),
+            )
+            .unwrap(),
             Arc::new(Metrics::new(&mut reg)),
         )
     }
@@ -517,7 +545,10 @@ mod tests {
     }
 
     fn labels_of(r: &RawProfile) -> Vec<(String, String)> {
-        r.labels.iter().map(|l| (l.name.clone(), l.value.clone())).collect()
+        r.labels
+            .iter()
+            .map(|l| (l.name.clone(), l.value.clone()))
+            .collect()
     }
 
     #[test]
@@ -548,7 +579,10 @@ mod tests {
             get("service_name"),
             Some(exe.file_name().unwrap().to_string_lossy().into_owned())
         );
-        assert!(get("__meta_process_cgroup").is_none(), "meta labels are stripped");
+        assert!(
+            get("__meta_process_cgroup").is_none(),
+            "meta labels are stripped"
+        );
         let p = decode(&out[0].pprof, 1 << 24).unwrap();
         let f = folded(&p);
         assert_eq!(f.len(), 1);
@@ -559,7 +593,12 @@ mod tests {
         assert!(names[1].ends_with("leaf_for_collector_test"), "{stack}");
         assert_eq!(&names[2..], ["entry_SYSCALL_64", "do_sys_write"]);
         assert_eq!(p.sample[0].value, vec![3, 3 * 52_631_578]);
-        assert_eq!(p.period_type.as_ref().map(|v| p.string_table[v.r#type as usize].as_str()), Some("cpu"));
+        assert_eq!(
+            p.period_type
+                .as_ref()
+                .map(|v| p.string_table[v.r#type as usize].as_str()),
+            Some("cpu")
+        );
         // The executable's mapping carries its path and build id.
         let exe_map = p
             .mapping
@@ -577,9 +616,17 @@ mod tests {
         let mut c = collector("");
         // A pid that does not exist: the process exited before discovery.
         let pid = u32::MAX - 7;
-        let b = encode_event(&header(EventKind::Sample, pid, 1), &[0xffffffff81000010], &[0x401000]);
+        let b = encode_event(
+            &header(EventKind::Sample, pid, 1),
+            &[0xffffffff81000010],
+            &[0x401000],
+        );
         c.on_event(&parse_event(&b).unwrap());
-        let b2 = encode_event(&header(EventKind::Sample, pid, 2), &[0xffffffff81000010], &[]);
+        let b2 = encode_event(
+            &header(EventKind::Sample, pid, 2),
+            &[0xffffffff81000010],
+            &[],
+        );
         c.on_event(&parse_event(&b2).unwrap());
         assert_eq!(c.process_count(), 2);
         let out = c.take_profiles();
@@ -590,7 +637,7 @@ mod tests {
         assert_eq!(
             f,
             vec![
-                ("0x401000;entry_SYSCALL_64".to_string(), 1),
+                ("[unknown];entry_SYSCALL_64".to_string(), 1),
                 ("entry_SYSCALL_64".to_string(), 1)
             ]
         );
@@ -604,19 +651,28 @@ mod tests {
         let mut c = collector(
             "relabel_configs: [{source_labels: [comm], regex: 'proc-name', action: drop}]",
         );
-        let b = encode_event(&header(EventKind::Sample, 4242, 5), &[0xffffffff81000010], &[]);
+        let b = encode_event(
+            &header(EventKind::Sample, 4242, 5),
+            &[0xffffffff81000010],
+            &[],
+        );
         c.on_event(&parse_event(&b).unwrap());
         c.on_event(&parse_event(&b).unwrap());
-        assert_eq!(c.take_new_skips(), vec![Skip { pid: 4242, start_time: 5 }]);
+        assert_eq!(
+            c.take_new_skips(),
+            vec![Skip {
+                pid: 4242,
+                start_time: 5
+            }]
+        );
         assert!(c.take_new_skips().is_empty());
         assert!(c.take_profiles().is_empty());
     }
 
     #[test]
     fn exec_starts_a_new_incarnation() {
-        let mut c = collector(
-            "relabel_configs: [{source_labels: [comm], target_label: service_name}]",
-        );
+        let mut c =
+            collector("relabel_configs: [{source_labels: [comm], target_label: service_name}]");
         let pid = u32::MAX - 9;
         let mut h = header(EventKind::Sample, pid, 1);
         c.on_event(&parse_event(&encode_event(&h, &[0xffffffff81000010], &[])).unwrap());
@@ -628,7 +684,13 @@ mod tests {
         let out = c.take_profiles();
         let mut names: Vec<String> = out
             .iter()
-            .map(|r| labels_of(r).into_iter().find(|(k, _)| k == "service_name").unwrap().1)
+            .map(|r| {
+                labels_of(r)
+                    .into_iter()
+                    .find(|(k, _)| k == "service_name")
+                    .unwrap()
+                    .1
+            })
             .collect();
         names.sort();
         assert_eq!(names, vec!["after-exec", "proc-name"]);

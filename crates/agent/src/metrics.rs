@@ -116,7 +116,11 @@ impl Metrics {
             "CPU-clock perf events that fired on any CPU (including idle and excluded ones)",
             m.bpf_events.clone(),
         );
-        r.register("bpf_idle", "Perf events that hit the idle task, not recorded", m.bpf_idle.clone());
+        r.register(
+            "bpf_idle",
+            "Perf events that hit the idle task, not recorded",
+            m.bpf_idle.clone(),
+        );
         r.register(
             "bpf_excluded",
             "Perf events of excluded processes (the agent itself with --exclude-self, relabel drops)",
@@ -137,9 +141,21 @@ impl Metrics {
             "exec notifications lost because the ring buffer was full",
             m.exec_events_lost.clone(),
         );
-        r.register("attached_cpus", "CPUs with an attached sampler", m.attached_cpus.clone());
-        r.register("samples", "Samples received from the kernel", m.samples.clone());
-        r.register("exec_events", "exec notifications received", m.exec_events.clone());
+        r.register(
+            "attached_cpus",
+            "CPUs with an attached sampler",
+            m.attached_cpus.clone(),
+        );
+        r.register(
+            "samples",
+            "Samples received from the kernel",
+            m.samples.clone(),
+        );
+        r.register(
+            "exec_events",
+            "exec notifications received",
+            m.exec_events.clone(),
+        );
         r.register(
             "samples_dropped_by_relabel",
             "Samples of processes that relabeling dropped (before the kernel skips them)",
@@ -181,7 +197,11 @@ impl Metrics {
             "Locations shipped without a function name (kept as mapping + address)",
             m.unsymbolized_locations.clone(),
         );
-        r.register("profiles_built", "CPU profiles built", m.profiles_built.clone());
+        r.register(
+            "profiles_built",
+            "CPU profiles built",
+            m.profiles_built.clone(),
+        );
         r.register_with_unit(
             "collect",
             "Time to symbolize and encode one push interval's profiles",
@@ -193,13 +213,21 @@ impl Metrics {
             "Push requests by result: ok, retry (transient error), rejected (refused, dropped)",
             m.push_requests.clone(),
         );
-        r.register("pushed_profiles", "Profiles acknowledged by the remote", m.pushed_profiles.clone());
+        r.register(
+            "pushed_profiles",
+            "Profiles acknowledged by the remote",
+            m.pushed_profiles.clone(),
+        );
         r.register(
             "dropped_batches",
             "Push batches dropped (buffer over budget, or refused by the remote)",
             m.dropped_batches.clone(),
         );
-        r.register("dropped_profiles", "Profiles in dropped batches", m.dropped_profiles.clone());
+        r.register(
+            "dropped_profiles",
+            "Profiles in dropped batches",
+            m.dropped_profiles.clone(),
+        );
         r.register_with_unit(
             "dropped",
             "Bytes of dropped batches",
@@ -323,7 +351,10 @@ pub(crate) async fn serve(
                 }
             }
         };
-        if let Err(error) = axum::serve(listener, router).with_graceful_shutdown(stop).await {
+        if let Err(error) = axum::serve(listener, router)
+            .with_graceful_shutdown(stop)
+            .await
+        {
             tracing::warn!(%error, "metrics server stopped");
         }
     }))
@@ -357,7 +388,10 @@ mod tests {
             .await
             .unwrap();
         assert!(body.contains("fathom_agent_samples_total 5"), "{body}");
-        assert!(body.contains("fathom_agent_samples_lost_total{reason=\"ringbuf_full\"} 1"), "{body}");
+        assert!(
+            body.contains("fathom_agent_samples_lost_total{reason=\"ringbuf_full\"} 1"),
+            "{body}"
+        );
         let r = c.get(format!("http://{addr}/ready")).send().await.unwrap();
         assert_eq!(r.status(), 503);
         ready_flag.store(true, Ordering::Relaxed);

@@ -17,7 +17,6 @@ use prost::Message;
 use crate::symbolize::{FrameKey, Symbolizer};
 
 /// Accumulates samples of one label set into one pprof `Profile`.
-#[derive(Default)]
 pub(crate) struct PprofBuilder {
     strings: Vec<String>,
     string_ids: HashMap<String, i64>,
@@ -32,13 +31,26 @@ pub(crate) struct PprofBuilder {
     pub(crate) unsymbolized_locations: u64,
 }
 
-impl PprofBuilder {
-    pub(crate) fn new() -> Self {
-        let mut b = PprofBuilder::default();
+impl Default for PprofBuilder {
+    fn default() -> Self {
+        let mut b = PprofBuilder {
+            strings: Vec::new(),
+            string_ids: HashMap::new(),
+            mappings: Vec::new(),
+            mapping_ids: HashMap::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            samples: HashMap::new(),
+            unsymbolized_locations: 0,
+        };
         b.string(""); // pprof requires string_table[0] == ""
         b
     }
+}
 
+impl PprofBuilder {
     fn string(&mut self, s: &str) -> i64 {
         if let Some(&i) = self.string_ids.get(s) {
             return i;
@@ -65,7 +77,11 @@ impl PprofBuilder {
         self.mappings.push(pprof::Mapping {
             id,
             memory_start: 0,
-            memory_limit: if kernel { u64::MAX } else { addr.saturating_add(1) },
+            memory_limit: if kernel {
+                u64::MAX
+            } else {
+                addr.saturating_add(1)
+            },
             file_offset: 0,
             filename,
             build_id,
@@ -141,7 +157,12 @@ impl PprofBuilder {
     }
 
     /// The finished profile; values are (count, count × period).
-    pub(crate) fn finish(mut self, time_nanos: i64, duration_nanos: i64, period_ns: i64) -> pprof::Profile {
+    pub(crate) fn finish(
+        mut self,
+        time_nanos: i64,
+        duration_nanos: i64,
+        period_ns: i64,
+    ) -> pprof::Profile {
         let samples_s = self.string("samples");
         let count_s = self.string("count");
         let cpu_s = self.string("cpu");
@@ -218,7 +239,7 @@ pub(crate) fn decode(bytes: &[u8], max_decompressed: u64) -> Result<pprof::Profi
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
+pub(crate) enum DecodeError {
     #[error("gunzip: {0}")]
     Gzip(#[source] std::io::Error),
     #[error("decompressed profile is larger than {0} bytes")]
@@ -269,11 +290,20 @@ pub(crate) mod tests {
         let kid = sym.kernel().id;
         let anon = sym.unknown("[anon]");
         let stack = [
-            FrameKey { object: kid, addr: 0xffffffff81001010 },
-            FrameKey { object: kid, addr: 0xffffffff81000010 },
-            FrameKey { object: anon.id, addr: 0x7f00_0000_1234 },
+            FrameKey {
+                object: kid,
+                addr: 0xffffffff81001010,
+            },
+            FrameKey {
+                object: kid,
+                addr: 0xffffffff81000010,
+            },
+            FrameKey {
+                object: anon.id,
+                addr: 0x7f00_0000_1234,
+            },
         ];
-        let mut b = PprofBuilder::new();
+        let mut b = PprofBuilder::default();
         b.add(&mut sym, &stack, 3);
         b.add(&mut sym, &stack, 2);
         b.add(&mut sym, &stack[1..], 1);
@@ -295,7 +325,11 @@ pub(crate) mod tests {
         for l in &p.location {
             assert!(p.mapping.iter().any(|m| m.id == l.mapping_id));
         }
-        let names: Vec<&str> = p.mapping.iter().map(|m| p.string_table[m.filename as usize].as_str()).collect();
+        let names: Vec<&str> = p
+            .mapping
+            .iter()
+            .map(|m| p.string_table[m.filename as usize].as_str())
+            .collect();
         assert_eq!(names, vec!["[kernel.kallsyms]", "[anon]"]);
         let bytes = encode_gzip(&p);
         assert_eq!(decode(&bytes, 1 << 20).unwrap(), p);
@@ -308,7 +342,10 @@ pub(crate) mod tests {
             ..Default::default()
         };
         let gz = encode_gzip(&big);
-        assert!(matches!(decode(&gz, 1000), Err(DecodeError::TooLarge(1000))));
+        assert!(matches!(
+            decode(&gz, 1000),
+            Err(DecodeError::TooLarge(1000))
+        ));
         assert!(decode(&[0x1f, 0x8b, 1, 2, 3], 1000).is_err());
         assert!(decode(b"\xff\xff\xff garbage", 1000).is_err());
     }

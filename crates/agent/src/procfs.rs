@@ -87,6 +87,7 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 }
 
 /// The mapping containing `addr`, by binary search.
+#[cfg(test)]
 pub(crate) fn find_mapping(maps: &[Mapping], addr: u64) -> Option<&Mapping> {
     let i = maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
     let m = &maps[i];
@@ -155,7 +156,7 @@ pub(crate) fn parse_cgroup_path(path: &str) -> CgroupInfo {
         {
             info.systemd_unit = Some(comp.to_owned());
         }
-        if let Some(pos) = base.find("pod") {
+        if let Some(pos) = base.rfind("pod") {
             let uid = base[pos + 3..].replace('_', "-");
             if is_uuid(&uid) {
                 info.pod_uid = Some(uid);
@@ -274,7 +275,11 @@ impl Proc {
 
 fn parse_ns_pid(status: &str) -> Option<u32> {
     let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-    line["NSpid:".len()..].split_whitespace().last()?.parse().ok()
+    line["NSpid:".len()..]
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 /// This host's name, for the `node` label.
@@ -324,7 +329,10 @@ zz-yy r-xp 0 0:0 0
         }
         assert_eq!(m[3].backing, Backing::Vdso);
         assert_eq!(m[4].backing, Backing::Anon("[vsyscall]".into()));
-        assert_eq!(find_mapping(&m, 0x55d0c8a02000).unwrap().start, 0x55d0c8a02000);
+        assert_eq!(
+            find_mapping(&m, 0x55d0c8a02000).unwrap().start,
+            0x55d0c8a02000
+        );
         assert!(find_mapping(&m, 0x55d0c8a21000).is_none());
         assert!(find_mapping(&m, 0x10).is_none());
     }
@@ -382,11 +390,16 @@ zz-yy r-xp 0 0:0 0
         let crio = parse_cgroup_path(&format!("/kubepods.slice/crio-{id}.scope"));
         assert_eq!(crio.container_id.as_deref(), Some(id));
 
-        let unit = parse_cgroup_path("/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service");
+        let unit = parse_cgroup_path(
+            "/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service",
+        );
         assert_eq!(unit.systemd_unit.as_deref(), Some("foo.service"));
         assert_eq!(unit.container_id, None);
         assert_eq!(parse_cgroup_path("/"), CgroupInfo::default());
-        assert_eq!(parse_cgroup_path("/podnotauid/.service"), CgroupInfo::default());
+        assert_eq!(
+            parse_cgroup_path("/podnotauid/.service"),
+            CgroupInfo::default()
+        );
     }
 
     #[test]
@@ -399,7 +412,9 @@ zz-yy r-xp 0 0:0 0
     #[test]
     fn kube_info_from_root() {
         let dir = tempfile::tempdir().unwrap();
-        let sa = dir.path().join("var/run/secrets/kubernetes.io/serviceaccount");
+        let sa = dir
+            .path()
+            .join("var/run/secrets/kubernetes.io/serviceaccount");
         fs::create_dir_all(&sa).unwrap();
         fs::write(sa.join("namespace"), "shop\n").unwrap();
         fs::create_dir_all(dir.path().join("etc")).unwrap();

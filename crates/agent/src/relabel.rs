@@ -125,12 +125,16 @@ impl Relabeler {
         let mut out = Vec::with_capacity(rules.len());
         for (index, r) in rules.into_iter().enumerate() {
             let re = r.regex.unwrap_or_else(|| "(.*)".into());
-            let regex = Regex::new(&format!("^(?:{re})$")).map_err(|source| RelabelError::Regex {
-                index,
-                regex: re.clone(),
-                source: Box::new(source),
-            })?;
-            let needs_target = matches!(r.action, Action::Replace | Action::Lowercase | Action::Uppercase);
+            let regex =
+                Regex::new(&format!("^(?:{re})$")).map_err(|source| RelabelError::Regex {
+                    index,
+                    regex: re.clone(),
+                    source: Box::new(source),
+                })?;
+            let needs_target = matches!(
+                r.action,
+                Action::Replace | Action::Lowercase | Action::Uppercase
+            );
             if needs_target && r.target_label.is_none() {
                 return Err(RelabelError::MissingTarget {
                     index,
@@ -174,7 +178,12 @@ impl Relabeler {
         Self::from_yaml(&text)
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// Number of rules.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }
 
@@ -251,7 +260,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> LabelMap {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn base() -> LabelMap {
@@ -290,7 +302,10 @@ relabel_configs:
         let mut other = base();
         other.insert("comm".into(), "sshd".into());
         assert!(r.apply(other).is_none());
-        let drop_all = Relabeler::from_yaml("relabel_configs: [{source_labels: [pid], regex: '4.', action: drop}]").unwrap();
+        let drop_all = Relabeler::from_yaml(
+            "relabel_configs: [{source_labels: [pid], regex: '4.', action: drop}]",
+        )
+        .unwrap();
         assert!(drop_all.apply(base()).is_none());
     }
 
@@ -339,7 +354,9 @@ relabel_configs:
         assert_eq!(out["team"], "web");
         assert!(!out.contains_key("pid"));
         assert_eq!(out["upper"], "NGINX");
-        let keep = Relabeler::from_yaml("relabel_configs: [{action: labelkeep, regex: 'comm|__.*'}]").unwrap();
+        let keep =
+            Relabeler::from_yaml("relabel_configs: [{action: labelkeep, regex: 'comm|__.*'}]")
+                .unwrap();
         assert_eq!(keep.apply(base()).unwrap().len(), 1);
     }
 

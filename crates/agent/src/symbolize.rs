@@ -51,14 +51,66 @@ pub(crate) struct Line {
     pub(crate) line: i64,
 }
 
+/// Where an ELF file is read from when it is first symbolized.
+#[derive(Debug)]
+enum ElfSource {
+    /// A path that stays valid after the process exits (the agent's own view
+    /// of a host file).
+    Path(PathBuf),
+    /// An open handle (a file in another mount namespace, or deleted), read
+    /// through /proc/self/fd so it outlives the process that mapped it.
+    Held(fs::File),
+}
+
+/// An ELF file, parsed on first use: discovery (on the path of a new
+/// process) only opens it and reads its build id; symbol tables, DWARF and
+/// separate debug files are loaded when a frame first needs them.
+#[derive(Debug)]
+struct ElfFile {
+    source: RefCell<Option<ElfSource>>,
+    resolver: std::cell::OnceCell<Option<ElfResolver>>,
+}
+
+impl ElfFile {
+    fn resolver(&self, name: &str) -> Option<&ElfResolver> {
+        self.resolver
+            .get_or_init(|| {
+                let source = self.source.borrow_mut().take()?;
+                let opened = match &source {
+                    ElfSource::Path(p) => ElfResolver::open(p),
+                    ElfSource::Held(f) => {
+                        use std::os::fd::AsRawFd;
+                        // The mmap taken here keeps the file; the handle
+                        // is closed when `source` drops below.
+                        ElfResolver::open(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                    }
+                };
+                match opened {
+                    Ok(r) => Some(r),
+                    Err(error) => {
+                        tracing::debug!(path = name, %error, "cannot parse ELF file");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+}
+
 #[derive(Debug)]
 enum Kind {
-    Elf(Option<ElfResolver>),
+    Elf(Option<ElfFile>),
     Kernel,
     PerfMap(SymbolTable),
     Vdso,
+    /// Where a user stack was cut because a frame fell outside every mapping.
+    Truncated,
     Unknown,
 }
+
+/// address → (lines innermost first, empty when unsymbolizable; interval of
+/// last use).
+type AddrCache = HashMap<u64, (Rc<[Line]>, u64)>;
 
 /// A code object: what a pprof mapping describes.
 #[derive(Debug)]
@@ -69,8 +121,7 @@ pub(crate) struct Object {
     /// Hex build id, or empty.
     pub(crate) build_id: String,
     kind: Kind,
-    /// address → lines, innermost first; empty when unsymbolizable.
-    cache: RefCell<HashMap<u64, (Rc<[Line]>, u64)>>,
+    cache: RefCell<AddrCache>,
     last_used: Cell<u64>,
 }
 
@@ -104,6 +155,7 @@ pub(crate) struct Symbolizer {
     kallsyms: SymbolTable,
     kernel: Rc<Object>,
     vdso: Rc<Object>,
+    truncated: Rc<Object>,
     next_id: u32,
     /// Push intervals so far; the clock for eviction.
     interval: u64,
@@ -132,14 +184,26 @@ impl Symbolizer {
             by_file: HashMap::new(),
             by_build_id: HashMap::new(),
             kallsyms,
-            kernel: Rc::new(new_object(0, "[kernel.kallsyms]".into(), String::new(), Kind::Kernel)),
+            kernel: Rc::new(new_object(
+                0,
+                "[kernel.kallsyms]".into(),
+                String::new(),
+                Kind::Kernel,
+            )),
             vdso: Rc::new(new_object(1, "[vdso]".into(), String::new(), Kind::Vdso)),
-            next_id: 2,
+            truncated: Rc::new(new_object(
+                2,
+                "[unknown]".into(),
+                String::new(),
+                Kind::Truncated,
+            )),
+            next_id: 3,
             interval: 0,
             strings: HashMap::new(),
         };
-        s.objects.insert(0, s.kernel.clone());
-        s.objects.insert(1, s.vdso.clone());
+        for o in [s.kernel.clone(), s.vdso.clone(), s.truncated.clone()] {
+            s.objects.insert(o.id, o);
+        }
         s
     }
 
@@ -163,6 +227,14 @@ impl Symbolizer {
 
     pub(crate) fn vdso(&self) -> &Rc<Object> {
         &self.vdso
+    }
+
+    /// The marker frame that ends a user stack cut short (see [`Kind::Truncated`]).
+    pub(crate) fn truncated(&self) -> FrameKey {
+        FrameKey {
+            object: self.truncated.id,
+            addr: 0,
+        }
     }
 
     pub(crate) fn object(&self, id: u32) -> Option<&Rc<Object>> {
@@ -205,9 +277,13 @@ impl Symbolizer {
         start: u64,
         end: u64,
     ) -> Rc<Object> {
-        let display = path.strip_suffix(" (deleted)").unwrap_or(path);
-        let opened = open_path(pid, display, inode, start, end);
-        let meta = opened.as_ref().and_then(|p| fs::metadata(p).ok());
+        let shown = path.strip_suffix(" (deleted)").unwrap_or(path);
+        let source = open_source(pid, shown, dev, inode, start, end);
+        let meta = match &source {
+            Some(ElfSource::Path(p)) => fs::metadata(p).ok(),
+            Some(ElfSource::Held(f)) => f.metadata().ok(),
+            None => None,
+        };
         let key = FileKey {
             dev,
             inode,
@@ -217,31 +293,42 @@ impl Symbolizer {
         if let Some(o) = self.by_file.get(&key).and_then(|id| self.objects.get(id)) {
             return o.clone();
         }
-        let Some(path) = opened.filter(|_| meta.is_some()) else {
-            tracing::debug!(pid, path = display, "cannot open mapped file; its frames stay unsymbolized");
-            let o = self.add(display.to_owned(), String::new(), Kind::Elf(None));
+        let Some(source) = source.filter(|_| meta.is_some()) else {
+            tracing::debug!(
+                pid,
+                path = shown,
+                "cannot open mapped file; its frames stay unsymbolized"
+            );
+            let o = self.add(shown.to_owned(), String::new(), Kind::Elf(None));
             self.by_file.insert(key, o.id);
             return o;
         };
-        let build_id = match read_elf_build_id(&path) {
+        let build_id = match &source {
+            ElfSource::Path(p) => read_elf_build_id(p),
+            ElfSource::Held(f) => {
+                use std::os::fd::AsRawFd;
+                read_elf_build_id(&format!("/proc/self/fd/{}", f.as_raw_fd()))
+            }
+        };
+        let build_id = match build_id {
             Ok(Some(b)) => hex(&b),
             _ => String::new(),
         };
         if !build_id.is_empty()
-            && let Some(o) = self.by_build_id.get(&build_id).and_then(|id| self.objects.get(id))
+            && let Some(o) = self
+                .by_build_id
+                .get(&build_id)
+                .and_then(|id| self.objects.get(id))
         {
             let o = o.clone();
             self.by_file.insert(key, o.id);
             return o;
         }
-        let resolver = match ElfResolver::open(&path) {
-            Ok(r) => Some(r),
-            Err(error) => {
-                tracing::debug!(pid, path = display, %error, "cannot parse ELF file");
-                None
-            }
+        let file = ElfFile {
+            source: RefCell::new(Some(source)),
+            resolver: std::cell::OnceCell::new(),
         };
-        let o = self.add(display.to_owned(), build_id.clone(), Kind::Elf(resolver));
+        let o = self.add(shown.to_owned(), build_id.clone(), Kind::Elf(Some(file)));
         self.by_file.insert(key, o.id);
         if !build_id.is_empty() {
             self.by_build_id.insert(build_id, o.id);
@@ -301,8 +388,12 @@ impl Symbolizer {
                 None => Vec::new(),
             },
             Kind::Vdso => vec![self.line("[vdso]", "", None)],
+            Kind::Truncated => vec![self.line("[unknown]", "", None)],
             Kind::Unknown | Kind::Elf(None) => Vec::new(),
-            Kind::Elf(Some(r)) => {
+            Kind::Elf(Some(f)) => {
+                let Some(r) = f.resolver(&o.name) else {
+                    return Vec::new();
+                };
                 let Ok(Some(vaddr)) = r.file_offset_to_virt_offset(addr) else {
                     return Vec::new();
                 };
@@ -347,12 +438,10 @@ impl Symbolizer {
         for o in self.objects.values() {
             o.cache.borrow_mut().retain(|_, (_, used)| !stale(*used));
         }
-        let kernel = self.kernel.id;
-        let vdso = self.vdso.id;
-        // The table holds the only reference to an object no process maps.
-        self.objects.retain(|&id, o| {
-            id == kernel || id == vdso || !(stale(o.last_used.get()) && Rc::strong_count(o) == 1)
-        });
+        // The table holds the only reference to an object no process maps;
+        // the fixed objects are also held by fields, so they stay.
+        self.objects
+            .retain(|_, o| !(stale(o.last_used.get()) && Rc::strong_count(o) == 1));
         let objects = &self.objects;
         self.by_file.retain(|_, id| objects.contains_key(id));
         self.by_build_id.retain(|_, id| objects.contains_key(id));
@@ -379,26 +468,41 @@ fn new_object(id: u32, name: String, build_id: String, kind: Kind) -> Object {
     }
 }
 
-/// A path through which the agent can read the file a process maps: the
-/// process's own view of the path (right mount namespace) when its inode
-/// matches, else the kernel's handle to the exact mapping.
-fn open_path(pid: u32, path: &str, inode: u64, start: u64, end: u64) -> Option<PathBuf> {
+/// `st_dev` as the (major << 32 | minor) that /proc/<pid>/maps shows.
+fn maps_dev(st_dev: u64) -> u64 {
+    let major = ((st_dev >> 8) & 0xfff) | ((st_dev >> 32) & !0xfff);
+    let minor = (st_dev & 0xff) | ((st_dev >> 12) & !0xff);
+    (major << 32) | minor
+}
+
+/// How the agent reads the file a process maps: through its own view of the
+/// path when that is the same file (it stays valid after the process exits);
+/// else through a handle opened via the process's root (the right mount
+/// namespace) or via the kernel's handle to the exact mapping.
+fn open_source(
+    pid: u32,
+    path: &str,
+    dev: u64,
+    inode: u64,
+    start: u64,
+    end: u64,
+) -> Option<ElfSource> {
+    let plain = PathBuf::from(path);
+    if fs::metadata(&plain).is_ok_and(|m| m.ino() == inode && maps_dev(m.dev()) == dev) {
+        return Some(ElfSource::Path(plain));
+    }
     let rooted = Path::new("/proc")
         .join(pid.to_string())
         .join("root")
         .join(path.trim_start_matches('/'));
-    if fs::metadata(&rooted).is_ok_and(|m| m.ino() == inode) {
-        return Some(rooted);
+    if let Ok(f) = fs::File::open(&rooted)
+        && f.metadata().is_ok_and(|m| m.ino() == inode)
+    {
+        return Some(ElfSource::Held(f));
     }
-    let handle = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
-    if fs::metadata(&handle).is_ok() {
-        return Some(handle);
-    }
-    // The agent's own view (same mount namespace as the host).
-    let plain = PathBuf::from(path);
-    fs::metadata(&plain)
-        .is_ok_and(|m| m.ino() == inode)
-        .then_some(plain)
+    fs::File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}"))
+        .ok()
+        .map(ElfSource::Held)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -422,10 +526,7 @@ mod tests {
 
     #[test]
     fn demangles() {
-        assert_eq!(
-            demangle("_ZN3foo3bar17h0123456789abcdefE"),
-            "foo::bar"
-        );
+        assert_eq!(demangle("_ZN3foo3bar17h0123456789abcdefE"), "foo::bar");
         assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar");
         assert_eq!(demangle("main.hot"), "main.hot");
         assert_eq!(demangle("_Zgarbage"), "_Zgarbage");
@@ -463,6 +564,24 @@ mod tests {
     }
 
     #[test]
+    fn device_numbers_match_maps() {
+        // makedev(0xfe, 0) and makedev(259, 3), as glibc encodes them.
+        assert_eq!(maps_dev(0xfe00), 0xfe << 32);
+        assert_eq!(maps_dev((259 << 8) | 3), (259 << 32) | 3);
+        let m = fs::metadata("/proc/self/exe").unwrap();
+        let maps = Proc::default().maps(std::process::id()).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let mine = maps
+            .iter()
+            .find_map(|m| match &m.backing {
+                Backing::File { path, dev, .. } if Path::new(path) == exe => Some(*dev),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(maps_dev(m.dev()), mine);
+    }
+
+    #[test]
     fn missing_file_keeps_an_object() {
         let mut s = Symbolizer::new(SymbolTable::default());
         let o = s.elf(std::process::id(), "/nonexistent/bin", 1, 2, 0x1000, 0x2000);
@@ -472,10 +591,14 @@ mod tests {
 
     #[test]
     fn kernel_and_perf_map_and_eviction() {
-        let k = SymbolTable::parse_kallsyms("ffffffff81000000 T start_kernel\n".as_bytes()).unwrap();
+        let k =
+            SymbolTable::parse_kallsyms("ffffffff81000000 T start_kernel\n".as_bytes()).unwrap();
         let mut s = Symbolizer::new(k);
         let kid = s.kernel().id;
-        assert_eq!(&*s.lines(kid, 0xffffffff81000010)[0].function, "start_kernel");
+        assert_eq!(
+            &*s.lines(kid, 0xffffffff81000010)[0].function,
+            "start_kernel"
+        );
         let pm = SymbolTable::parse_perf_map("1000 100 jitted_fn\n".as_bytes()).unwrap();
         let jit = s.perf_map("[jit]".into(), pm);
         let jid = jit.id;
@@ -487,5 +610,44 @@ mod tests {
         assert!(s.object(jid).is_none(), "unused object evicted");
         assert!(s.object(kid).is_some(), "kernel stays");
         assert_eq!(s.stats().cached_addresses, 0);
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    #[test]
+    #[ignore]
+    fn open_big_elf_timing() {
+        let path = std::env::var("FATHOM_BIG_ELF").unwrap();
+        let t0 = std::time::Instant::now();
+        let r = blazesym::helper::ElfResolver::open(&path).unwrap();
+        eprintln!("open: {:?}", t0.elapsed());
+        let t0 = std::time::Instant::now();
+        let b = blazesym::helper::read_elf_build_id(&path).unwrap();
+        eprintln!("build id: {:?} {:?}", t0.elapsed(), b.map(|b| b.len()));
+        use blazesym::symbolize::{FindSymOpts, Symbolize};
+        let t0 = std::time::Instant::now();
+        let s = r.find_sym(0x1000000, &FindSymOpts::CodeInfoAndInlined);
+        eprintln!(
+            "first lookup: {:?} {:?}",
+            t0.elapsed(),
+            s.map(|x| x.map(|y| y.name.to_owned()))
+        );
+        let t0 = std::time::Instant::now();
+        let s = r.find_sym(0x1100000, &FindSymOpts::CodeInfoAndInlined);
+        eprintln!(
+            "second lookup: {:?} {:?}",
+            t0.elapsed(),
+            s.map(|x| x.map(|y| y.name.to_owned()))
+        );
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        eprintln!(
+            "{}",
+            status
+                .lines()
+                .filter(|l| l.starts_with("VmRSS") || l.starts_with("VmHWM"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
 }

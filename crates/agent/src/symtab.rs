@@ -38,6 +38,7 @@ impl SymbolTable {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.addrs.len()
     }
@@ -64,6 +65,7 @@ impl SymbolTable {
     }
 
     /// Approximate heap bytes held.
+    #[cfg(test)]
     pub(crate) fn heap_bytes(&self) -> usize {
         self.addrs.capacity() * 8
             + self.ends.capacity() * 4
@@ -196,14 +198,24 @@ ffffffffc0001000 t mod_fn\t[e1000]
         // Data symbols are not functions: the text symbol below wins.
         assert_eq!(t.lookup(0xffffffff81000250).unwrap().name, "do_syscall_64");
         let m = t.lookup(0xffffffffc0001010).unwrap();
-        assert_eq!(m, Found { name: "mod_fn", module: Some("e1000") });
+        assert_eq!(
+            m,
+            Found {
+                name: "mod_fn",
+                module: Some("e1000")
+            }
+        );
         assert!(t.lookup(0x1000).is_none());
     }
 
     #[test]
     fn hidden_kallsyms_is_empty() {
         let text = "0000000000000000 T _stext\n0000000000000000 t foo\n";
-        assert!(SymbolTable::parse_kallsyms(text.as_bytes()).unwrap().is_empty());
+        assert!(
+            SymbolTable::parse_kallsyms(text.as_bytes())
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

@@ -296,6 +296,7 @@ async fn ingest_inner(
                     time_nanos_override: from,
                     duration_nanos_override: duration,
                     profile_id_seed: seed,
+                    ..Default::default()
                 },
             )
             .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))
@@ -308,8 +309,8 @@ async fn ingest_inner(
                     units,
                     sample_rate,
                     aggregation,
-                    time_nanos: from,
-                    duration_nanos: duration,
+                    time_nanos: from.unwrap_or(0),
+                    duration_nanos: duration.unwrap_or(0),
                     profile_id_seed: seed,
                 },
                 &plimits,

@@ -72,6 +72,7 @@ impl PushServer {
                         time_nanos_override: None,
                         duration_nanos_override: None,
                         profile_id_seed: seed,
+                        ..Default::default()
                     },
                 )
                 .map_err(|e| ApiError::bad_request(format!("profile {i}: invalid pprof: {e}")))?;

@@ -3,12 +3,12 @@
 use std::borrow::Cow;
 
 use fathom_proto::pprof;
-use prost::Message;
 
+use crate::Limits;
 use crate::gzip::{GunzipError, gunzip, is_gzip};
 use crate::index::{IdIndex, IndexError};
 use crate::legacy::{self, LegacyError};
-use crate::Limits;
+use crate::wire;
 
 /// Why bytes could not be decoded as a profile.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +30,9 @@ pub enum DecodeError {
     /// A legacy parser recognized the input but found it malformed.
     #[error("malformed legacy profile: {0}")]
     Legacy(LegacyError),
+    /// Decoding would take more memory than allowed.
+    #[error("the decoded profile would take more than the limit of {limit} bytes of memory")]
+    DecodedTooLarge { limit: usize },
     /// A table of the profile is larger than allowed.
     #[error("the profile has {count} {what}; the limit is {limit}")]
     LimitExceeded {
@@ -42,7 +45,11 @@ pub enum DecodeError {
     StringTableStart(String),
     /// A string index is out of range.
     #[error("{what} refers to string {index}, but the string table has {len} entries")]
-    StringIndex { what: String, index: i64, len: usize },
+    StringIndex {
+        what: String,
+        index: i64,
+        len: usize,
+    },
     /// A mapping, location or function has the reserved id 0.
     #[error("{what} {index} has id 0, which pprof reserves")]
     ZeroId { what: &'static str, index: usize },
@@ -111,7 +118,9 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<pprof::Profile, DecodeErr
             Ok(()) => return Ok(p),
             Err(e) => e,
         },
-        Err(e @ DecodeError::LimitExceeded { .. }) => return Err(e),
+        Err(e @ (DecodeError::LimitExceeded { .. } | DecodeError::DecodedTooLarge { .. })) => {
+            return Err(e);
+        }
         Err(e) => e,
     };
     match legacy::parse(&data, limits) {
@@ -126,105 +135,6 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<pprof::Profile, DecodeErr
     }
 }
 
-/// The wire form of `perftools.profiles.Profile`, except that strings are
-/// bytes so invalid UTF-8 can be repaired instead of failing the decode.
-#[derive(Clone, PartialEq, Message)]
-struct WireProfile {
-    #[prost(message, repeated, tag = "1")]
-    sample_type: Vec<pprof::ValueType>,
-    #[prost(message, repeated, tag = "2")]
-    sample: Vec<pprof::Sample>,
-    #[prost(message, repeated, tag = "3")]
-    mapping: Vec<pprof::Mapping>,
-    #[prost(message, repeated, tag = "4")]
-    location: Vec<pprof::Location>,
-    #[prost(message, repeated, tag = "5")]
-    function: Vec<pprof::Function>,
-    #[prost(bytes = "vec", repeated, tag = "6")]
-    string_table: Vec<Vec<u8>>,
-    #[prost(int64, tag = "7")]
-    drop_frames: i64,
-    #[prost(int64, tag = "8")]
-    keep_frames: i64,
-    #[prost(int64, tag = "9")]
-    time_nanos: i64,
-    #[prost(int64, tag = "10")]
-    duration_nanos: i64,
-    #[prost(message, optional, tag = "11")]
-    period_type: Option<pprof::ValueType>,
-    #[prost(int64, tag = "12")]
-    period: i64,
-    #[prost(int64, repeated, tag = "13")]
-    comment: Vec<i64>,
-    #[prost(int64, tag = "14")]
-    default_sample_type: i64,
-    #[prost(int64, tag = "15")]
-    doc_url: i64,
-}
-
-/// Counts of the top-level repeated fields, from a structural pre-scan.
-#[derive(Default)]
-struct Counts {
-    sample_types: usize,
-    samples: usize,
-    mappings: usize,
-    locations: usize,
-    functions: usize,
-    strings: usize,
-}
-
-fn read_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
-    let mut v: u64 = 0;
-    for shift in 0..10 {
-        let byte = *b.get(*pos)?;
-        *pos += 1;
-        v |= u64::from(byte & 0x7f) << (7 * shift);
-        if byte & 0x80 == 0 {
-            return Some(v);
-        }
-    }
-    None
-}
-
-/// Walks the top-level fields without allocating: checks the framing and
-/// counts the repeated messages, so limits apply before decoding.
-fn prescan(b: &[u8]) -> Result<Counts, String> {
-    let mut c = Counts::default();
-    let mut pos = 0;
-    while pos < b.len() {
-        let at = pos;
-        let key = read_varint(b, &mut pos).ok_or_else(|| format!("bad field key at byte {at}"))?;
-        let field = key >> 3;
-        match key & 7 {
-            0 => {
-                read_varint(b, &mut pos).ok_or_else(|| format!("bad varint at byte {pos}"))?;
-            }
-            1 => pos = pos.checked_add(8).filter(|&p| p <= b.len()).ok_or("truncated 64-bit field")?,
-            5 => pos = pos.checked_add(4).filter(|&p| p <= b.len()).ok_or("truncated 32-bit field")?,
-            2 => {
-                let len = read_varint(b, &mut pos).ok_or("bad length")?;
-                pos = usize::try_from(len)
-                    .ok()
-                    .and_then(|l| pos.checked_add(l))
-                    .filter(|&p| p <= b.len())
-                    .ok_or_else(|| format!("field {field} at byte {at} runs past the end"))?;
-            }
-            w => return Err(format!("unsupported wire type {w} at byte {at}")),
-        }
-        match field {
-            0 => return Err(format!("field number 0 at byte {at}")),
-            1 => c.sample_types += 1,
-            2 => c.samples += 1,
-            3 => c.mappings += 1,
-            4 => c.locations += 1,
-            5 => c.functions += 1,
-            6 => c.strings += 1,
-            _ => {}
-        }
-    }
-    Ok(c)
-}
-
 fn check_limit(what: &'static str, count: usize, limit: usize) -> Result<(), DecodeError> {
     if count > limit {
         return Err(DecodeError::LimitExceeded { what, count, limit });
@@ -234,37 +144,18 @@ fn check_limit(what: &'static str, count: usize, limit: usize) -> Result<(), Dec
 
 fn decode_protobuf(data: &[u8], limits: &Limits) -> Result<pprof::Profile, DecodeError> {
     let not = |protobuf: String| DecodeError::NotAProfile { protobuf };
-    let counts = prescan(data).map_err(not)?;
+    let counts = wire::prescan(data).map_err(|e| not(e.to_string()))?;
     check_limit("sample types", counts.sample_types, limits.max_sample_types)?;
     check_limit("samples", counts.samples, limits.max_samples)?;
     check_limit("mappings", counts.mappings, limits.max_mappings)?;
     check_limit("locations", counts.locations, limits.max_locations)?;
     check_limit("functions", counts.functions, limits.max_functions)?;
     check_limit("strings", counts.strings, limits.max_strings)?;
-    let w = WireProfile::decode(data).map_err(|e| not(e.to_string()))?;
-    Ok(pprof::Profile {
-        sample_type: w.sample_type,
-        sample: w.sample,
-        mapping: w.mapping,
-        location: w.location,
-        function: w.function,
-        string_table: w
-            .string_table
-            .into_iter()
-            .map(|b| {
-                String::from_utf8(b)
-                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-            })
-            .collect(),
-        drop_frames: w.drop_frames,
-        keep_frames: w.keep_frames,
-        time_nanos: w.time_nanos,
-        duration_nanos: w.duration_nanos,
-        period_type: w.period_type,
-        period: w.period,
-        comment: w.comment,
-        default_sample_type: w.default_sample_type,
-        doc_url: w.doc_url,
+    wire::decode_profile(data, &counts, limits.max_decoded_bytes).map_err(|e| match e {
+        wire::WireError::Malformed(e) => not(e.to_string()),
+        wire::WireError::TooBig => DecodeError::DecodedTooLarge {
+            limit: limits.max_decoded_bytes,
+        },
     })
 }
 
@@ -317,8 +208,12 @@ pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> 
     }
     for f in &p.function {
         check(f.name, &|| format!("the name of function {}", f.id))?;
-        check(f.system_name, &|| format!("the system name of function {}", f.id))?;
-        check(f.filename, &|| format!("the file name of function {}", f.id))?;
+        check(f.system_name, &|| {
+            format!("the system name of function {}", f.id)
+        })?;
+        check(f.filename, &|| {
+            format!("the file name of function {}", f.id)
+        })?;
     }
     let index = |what: &'static str, r: Result<IdIndex, IndexError>| {
         r.map_err(|e| match e {
@@ -365,7 +260,9 @@ pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> 
         for (j, l) in s.label.iter().enumerate() {
             check(l.key, &|| format!("label {j} of sample {i}"))?;
             check(l.str, &|| format!("the value of label {j} of sample {i}"))?;
-            check(l.num_unit, &|| format!("the unit of label {j} of sample {i}"))?;
+            check(l.num_unit, &|| {
+                format!("the unit of label {j} of sample {i}")
+            })?;
         }
     }
     Ok(())
@@ -374,6 +271,7 @@ pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
 
     fn tiny() -> pprof::Profile {
         pprof::Profile {
@@ -424,13 +322,19 @@ mod tests {
         p.location[0].line[0].function_id = 7;
         assert!(matches!(
             validate(&p, &Limits::default()),
-            Err(DecodeError::UnknownFunction { location: 1, function: 7 })
+            Err(DecodeError::UnknownFunction {
+                location: 1,
+                function: 7
+            })
         ));
         let mut p = tiny();
         p.location[0].mapping_id = 4;
         assert!(matches!(
             validate(&p, &Limits::default()),
-            Err(DecodeError::UnknownMapping { location: 1, mapping: 4 })
+            Err(DecodeError::UnknownMapping {
+                location: 1,
+                mapping: 4
+            })
         ));
     }
 
@@ -439,25 +343,44 @@ mod tests {
         let l = Limits::default();
         let mut p = tiny();
         p.function[0].name = 17;
-        assert!(matches!(validate(&p, &l), Err(DecodeError::StringIndex { index: 17, .. })));
+        assert!(matches!(
+            validate(&p, &l),
+            Err(DecodeError::StringIndex { index: 17, .. })
+        ));
         let mut p = tiny();
         p.sample[0].value.push(1);
         assert!(matches!(
             validate(&p, &l),
-            Err(DecodeError::ValueCount { sample: 0, got: 2, want: 1 })
+            Err(DecodeError::ValueCount {
+                sample: 0,
+                got: 2,
+                want: 1
+            })
         ));
         let mut p = tiny();
         p.string_table[0] = "x".into();
-        assert!(matches!(validate(&p, &l), Err(DecodeError::StringTableStart(_))));
+        assert!(matches!(
+            validate(&p, &l),
+            Err(DecodeError::StringTableStart(_))
+        ));
         let mut p = tiny();
         p.location.push(p.location[0].clone());
         assert!(matches!(
             validate(&p, &l),
-            Err(DecodeError::DuplicateId { what: "location", id: 1 })
+            Err(DecodeError::DuplicateId {
+                what: "location",
+                id: 1
+            })
         ));
         let mut p = tiny();
         p.function[0].id = 0;
-        assert!(matches!(validate(&p, &l), Err(DecodeError::ZeroId { what: "function", .. })));
+        assert!(matches!(
+            validate(&p, &l),
+            Err(DecodeError::ZeroId {
+                what: "function",
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -470,7 +393,19 @@ mod tests {
         };
         assert!(matches!(
             decode(&p.encode_to_vec(), &limits),
-            Err(DecodeError::LimitExceeded { what: "samples", count: 10, limit: 9 })
+            Err(DecodeError::LimitExceeded {
+                what: "samples",
+                count: 10,
+                limit: 9
+            })
+        ));
+        let limits = Limits {
+            max_decoded_bytes: 500,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            decode(&p.encode_to_vec(), &limits),
+            Err(DecodeError::DecodedTooLarge { .. })
         ));
         let limits = Limits {
             max_decompressed_bytes: 3,
@@ -479,6 +414,31 @@ mod tests {
         assert!(matches!(
             decode(&p.encode_to_vec(), &limits),
             Err(DecodeError::TooLarge { limit: 3 })
+        ));
+    }
+
+    #[test]
+    fn nested_amplification_is_bounded() {
+        // 1 MiB of empty labels (2 bytes each) would decode to 16 MiB.
+        let mut sample = vec![];
+        for _ in 0..(1 << 19) {
+            sample.extend_from_slice(&[0x1a, 0x00]);
+        }
+        let mut raw = vec![0x12];
+        let mut len = sample.len();
+        while len >= 0x80 {
+            raw.push((len as u8) | 0x80);
+            len >>= 7;
+        }
+        raw.push(len as u8);
+        raw.extend_from_slice(&sample);
+        let limits = Limits {
+            max_decoded_bytes: 8 << 20,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            decode(&raw, &limits),
+            Err(DecodeError::DecodedTooLarge { .. })
         ));
     }
 
@@ -498,7 +458,13 @@ mod tests {
     fn garbage_and_empty() {
         let l = Limits::default();
         assert!(matches!(decode(b"", &l), Err(DecodeError::Empty)));
-        assert!(matches!(decode(b"hello world\n", &l), Err(DecodeError::NotAProfile { .. })));
-        assert!(matches!(decode(&[0x1f, 0x8b, 1, 2], &l), Err(DecodeError::Gzip(_))));
+        assert!(matches!(
+            decode(b"hello world\n", &l),
+            Err(DecodeError::NotAProfile { .. })
+        ));
+        assert!(matches!(
+            decode(&[0x1f, 0x8b, 1, 2], &l),
+            Err(DecodeError::Gzip(_))
+        ));
     }
 }

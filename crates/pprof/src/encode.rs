@@ -82,7 +82,14 @@ pub fn encode(
     duration_nanos: i64,
     period: i64,
 ) -> Vec<u8> {
-    let p = to_pprof(profile_type, samples, symbols, time_nanos, duration_nanos, period);
+    let p = to_pprof(
+        profile_type,
+        samples,
+        symbols,
+        time_nanos,
+        duration_nanos,
+        period,
+    );
     gzip(&p.encode_to_vec())
 }
 
@@ -289,12 +296,24 @@ mod tests {
         let l_main = s.add_location(Location {
             mapping: m,
             address: 0x1100,
-            lines: vec![Line { function: main, line: 7 }],
+            lines: vec![Line {
+                function: main,
+                line: 7,
+            }],
         });
         let l_ab = s.add_location(Location {
             mapping: m,
             address: 0x1200,
-            lines: vec![Line { function: b, line: 3 }, Line { function: a, line: 2 }],
+            lines: vec![
+                Line {
+                    function: b,
+                    line: 3,
+                },
+                Line {
+                    function: a,
+                    line: 2,
+                },
+            ],
         });
         let l_raw = s.add_location(Location {
             mapping: Id::ZERO,
@@ -310,7 +329,10 @@ mod tests {
         let s3 = s.add_stack(Stack {
             locations: vec![Id::from_u128(42), l_main],
         });
-        (s, vec![(s1, 10), (s2, 5), (s1, 1), (s3, 2), (Id::from_u128(7), 3)])
+        (
+            s,
+            vec![(s1, 10), (s2, 5), (s1, 1), (s3, 2), (Id::from_u128(7), 3)],
+        )
     }
 
     #[test]
@@ -332,7 +354,10 @@ mod tests {
         let n = normalize(&p, &NormalizeOptions::default()).expect("normalizes");
         assert_eq!(n.profiles.len(), 1);
         assert_eq!(n.profiles[0].profile_type, ty);
-        let got = folded_lines(n.profiles[0].samples.iter().map(|s| (s.stack, s.value)), &n.symbols);
+        let got = folded_lines(
+            n.profiles[0].samples.iter().map(|s| (s.stack, s.value)),
+            &n.symbols,
+        );
         let want = folded_lines(samples.iter().copied(), &syms);
         assert_eq!(got, want);
         assert_eq!(
@@ -347,8 +372,19 @@ mod tests {
         // The mapped, symbolized binary is marked as such.
         assert!(p.mapping.iter().all(|m| m.has_functions));
         // Content survives: same symbols (for what the samples use).
-        let l = n.symbols.locations.values().find(|l| l.lines.len() == 2).expect("inlined");
+        let l = n
+            .symbols
+            .locations
+            .values()
+            .find(|l| l.lines.len() == 2)
+            .expect("inlined");
         assert_eq!(l.address, 0x1200);
-        assert_eq!(n.symbols.mappings.get(&l.mapping).map(|m| m.build_id.as_str()), Some("abc"));
+        assert_eq!(
+            n.symbols
+                .mappings
+                .get(&l.mapping)
+                .map(|m| m.build_id.as_str()),
+            Some("abc")
+        );
     }
 }

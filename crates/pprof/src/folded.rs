@@ -141,36 +141,84 @@ pub fn folded_profile_type(
     units: Option<&str>,
 ) -> Result<(ProfileType, bool), FoldedError> {
     let t = |n: &str, st: &str, su: &str, pt: &str, pu: &str| ProfileType::new(n, st, su, pt, pu);
-    let cpu = || (t("process_cpu", "cpu", "nanoseconds", "cpu", "nanoseconds"), Kind::Time);
+    let cpu = || {
+        (
+            t("process_cpu", "cpu", "nanoseconds", "cpu", "nanoseconds"),
+            Kind::Time,
+        )
+    };
     let by_hint = match name_hint.unwrap_or("") {
         "cpu" | "itimer" => Some(cpu()),
-        "wall" => Some((t("wall", "wall", "nanoseconds", "wall", "nanoseconds"), Kind::Time)),
-        h @ ("inuse_objects" | "alloc_objects" | "alloc_in_new_tlab_objects"
-        | "alloc_outside_tlab_objects") => Some((t("memory", h, "count", "space", "bytes"), Kind::Plain)),
-        h @ ("inuse_space" | "alloc_space" | "alloc_in_new_tlab_bytes"
-        | "alloc_outside_tlab_bytes") => Some((t("memory", h, "bytes", "space", "bytes"), Kind::Plain)),
-        "live" => Some((t("memory", "live", "count", "objects", "count"), Kind::Plain)),
-        "goroutines" => Some((t("goroutines", "goroutine", "count", "goroutine", "count"), Kind::Plain)),
-        "mutex_count" => Some((t("mutex", "contentions", "count", "contentions", "count"), Kind::Plain)),
-        "mutex_duration" => Some((t("mutex", "delay", "nanoseconds", "contentions", "count"), Kind::Plain)),
-        "block_count" | "lock_count" => {
-            Some((t("block", "contentions", "count", "contentions", "count"), Kind::Plain))
+        "wall" => Some((
+            t("wall", "wall", "nanoseconds", "wall", "nanoseconds"),
+            Kind::Time,
+        )),
+        h @ ("inuse_objects"
+        | "alloc_objects"
+        | "alloc_in_new_tlab_objects"
+        | "alloc_outside_tlab_objects") => {
+            Some((t("memory", h, "count", "space", "bytes"), Kind::Plain))
         }
-        "block_duration" | "lock_duration" => {
-            Some((t("block", "delay", "nanoseconds", "contentions", "count"), Kind::Plain))
+        h @ ("inuse_space"
+        | "alloc_space"
+        | "alloc_in_new_tlab_bytes"
+        | "alloc_outside_tlab_bytes") => {
+            Some((t("memory", h, "bytes", "space", "bytes"), Kind::Plain))
         }
-        "exceptions" => Some((t("exceptions", "exceptions", "count", "exceptions", "count"), Kind::Plain)),
+        "live" => Some((
+            t("memory", "live", "count", "objects", "count"),
+            Kind::Plain,
+        )),
+        "goroutines" => Some((
+            t("goroutines", "goroutine", "count", "goroutine", "count"),
+            Kind::Plain,
+        )),
+        "mutex_count" => Some((
+            t("mutex", "contentions", "count", "contentions", "count"),
+            Kind::Plain,
+        )),
+        "mutex_duration" => Some((
+            t("mutex", "delay", "nanoseconds", "contentions", "count"),
+            Kind::Plain,
+        )),
+        "block_count" | "lock_count" => Some((
+            t("block", "contentions", "count", "contentions", "count"),
+            Kind::Plain,
+        )),
+        "block_duration" | "lock_duration" => Some((
+            t("block", "delay", "nanoseconds", "contentions", "count"),
+            Kind::Plain,
+        )),
+        "exceptions" => Some((
+            t("exceptions", "exceptions", "count", "exceptions", "count"),
+            Kind::Plain,
+        )),
         _ => None,
     };
     let (ty, kind) = match by_hint {
         Some(x) => x,
         None => match units.unwrap_or("samples") {
             "samples" | "" => cpu(),
-            "objects" => (t("memory", "inuse_objects", "count", "space", "bytes"), Kind::Plain),
-            "bytes" => (t("memory", "inuse_space", "bytes", "space", "bytes"), Kind::Plain),
-            "goroutines" => (t("goroutines", "goroutine", "count", "goroutine", "count"), Kind::Plain),
-            "lock_samples" => (t("mutex", "contentions", "count", "contentions", "count"), Kind::Plain),
-            "lock_nanoseconds" => (t("mutex", "delay", "nanoseconds", "contentions", "count"), Kind::Plain),
+            "objects" => (
+                t("memory", "inuse_objects", "count", "space", "bytes"),
+                Kind::Plain,
+            ),
+            "bytes" => (
+                t("memory", "inuse_space", "bytes", "space", "bytes"),
+                Kind::Plain,
+            ),
+            "goroutines" => (
+                t("goroutines", "goroutine", "count", "goroutine", "count"),
+                Kind::Plain,
+            ),
+            "lock_samples" => (
+                t("mutex", "contentions", "count", "contentions", "count"),
+                Kind::Plain,
+            ),
+            "lock_nanoseconds" => (
+                t("mutex", "delay", "nanoseconds", "contentions", "count"),
+                Kind::Plain,
+            ),
             other => return Err(FoldedError::UnknownUnits(other.to_owned())),
         },
     };
@@ -183,7 +231,7 @@ fn to_utf8(text: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, FoldedError> {
     use std::borrow::Cow;
     let utf16 = |be: bool| -> Result<Cow<'_, [u8]>, FoldedError> {
         let body = &text[2..];
-        if body.len() % 2 != 0 {
+        if !body.len().is_multiple_of(2) {
             return Err(FoldedError::OddUtf16);
         }
         let units = body.chunks_exact(2).map(|c| {
@@ -240,7 +288,8 @@ pub fn parse_folded(
     };
     let text = to_utf8(text)?;
 
-    let (profile_type, is_time) = folded_profile_type(opts.name_hint.as_deref(), opts.units.as_deref())?;
+    let (profile_type, is_time) =
+        folded_profile_type(opts.name_hint.as_deref(), opts.units.as_deref())?;
     let rate = opts.sample_rate.unwrap_or(DEFAULT_SAMPLE_RATE);
     if rate == 0 {
         return Err(FoldedError::ZeroSampleRate);
@@ -313,9 +362,10 @@ pub fn parse_folded(
             stack.locations.push(id);
         }
         let stack_id = stack.id();
-        if !symbols.stacks.contains_key(&stack_id) {
-            symbols.stacks.insert(stack_id, stack.clone());
-        }
+        symbols
+            .stacks
+            .entry(stack_id)
+            .or_insert_with(|| stack.clone());
         let value = value.saturating_mul(period);
         match slot_of.get(&stack_id) {
             Some(&s) => {
@@ -413,11 +463,18 @@ mod tests {
 
     #[test]
     fn parses_and_sums() {
-        let n = parse_folded(b"a;b;c 1\r\na;b;c 2\n\n# comment\na;b 5\nx y;z 0\n", &plain(), &Limits::default())
-            .expect("parses");
+        let n = parse_folded(
+            b"a;b;c 1\r\na;b;c 2\n\n# comment\na;b 5\nx y;z 0\n",
+            &plain(),
+            &Limits::default(),
+        )
+        .expect("parses");
         assert_eq!(lines(&n), vec![("a;b".into(), 5), ("a;b;c".into(), 3)]);
         let p = &n.profiles[0];
-        assert_eq!(p.profile_type.to_string(), "memory:inuse_objects:count:space:bytes");
+        assert_eq!(
+            p.profile_type.to_string(),
+            "memory:inuse_objects:count:space:bytes"
+        );
         assert_eq!(p.period, 1);
     }
 
@@ -429,14 +486,22 @@ mod tests {
         };
         let n = parse_folded(b"main;work 3", &opts, &Limits::default()).expect("parses");
         let p = &n.profiles[0];
-        assert_eq!(p.profile_type.to_string(), "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
+        assert_eq!(
+            p.profile_type.to_string(),
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+        );
         assert_eq!(p.period, 10_101_010);
         assert_eq!(lines(&n), vec![("main;work".into(), 30_303_030)]);
     }
 
     #[test]
     fn frames_may_contain_spaces() {
-        let n = parse_folded(b"java;Interpreter [x];do it 7", &plain(), &Limits::default()).expect("parses");
+        let n = parse_folded(
+            b"java;Interpreter [x];do it 7",
+            &plain(),
+            &Limits::default(),
+        )
+        .expect("parses");
         assert_eq!(lines(&n), vec![("java;Interpreter [x];do it".into(), 7)]);
     }
 
@@ -452,7 +517,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_line() {
-        let e = parse_folded(b"a 1\nno-value\n", &plain(), &Limits::default()).expect_err("invalid");
+        let e =
+            parse_folded(b"a 1\nno-value\n", &plain(), &Limits::default()).expect_err("invalid");
         assert_eq!(
             e.to_string(),
             "line 2: expected `frame;frame;... <value>`, found no value after the last space"
@@ -466,14 +532,31 @@ mod tests {
             Err(FoldedError::InvalidValue { line: 1, .. })
         ));
         assert!(matches!(
-            parse_folded(b"a 1", &FoldedOptions { units: Some("parsecs".into()), ..plain() }, &Limits::default()),
+            parse_folded(
+                b"a 1",
+                &FoldedOptions {
+                    units: Some("parsecs".into()),
+                    ..plain()
+                },
+                &Limits::default()
+            ),
             Err(FoldedError::UnknownUnits(_))
         ));
         assert!(matches!(
-            parse_folded(b"a 1", &FoldedOptions { sample_rate: Some(0), ..Default::default() }, &Limits::default()),
+            parse_folded(
+                b"a 1",
+                &FoldedOptions {
+                    sample_rate: Some(0),
+                    ..Default::default()
+                },
+                &Limits::default()
+            ),
             Err(FoldedError::ZeroSampleRate)
         ));
-        let tight = Limits { max_samples: 1, ..Limits::default() };
+        let tight = Limits {
+            max_samples: 1,
+            ..Limits::default()
+        };
         assert!(matches!(
             parse_folded(b"a 1\nb 1\n", &plain(), &tight),
             Err(FoldedError::LimitExceeded { what: "lines", .. })
@@ -483,14 +566,34 @@ mod tests {
     #[test]
     fn hints_and_units() {
         let ty = |h: Option<&str>, u: Option<&str>| {
-            folded_profile_type(h, u).map(|(t, time)| (t.to_string(), time)).ok()
+            folded_profile_type(h, u)
+                .map(|(t, time)| (t.to_string(), time))
+                .ok()
         };
-        assert_eq!(ty(None, None), Some(("process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(), true)));
-        assert_eq!(ty(Some("block_duration"), Some("samples")), Some(("block:delay:nanoseconds:contentions:count".into(), false)));
-        assert_eq!(ty(Some("myapp"), Some("lock_samples")), Some(("mutex:contentions:count:contentions:count".into(), false)));
-        assert_eq!(ty(None, Some("goroutines")), Some(("goroutines:goroutine:count:goroutine:count".into(), false)));
-        assert_eq!(ty(Some("alloc_space"), None), Some(("memory:alloc_space:bytes:space:bytes".into(), false)));
-        assert_eq!(ty(Some("wall"), None), Some(("wall:wall:nanoseconds:wall:nanoseconds".into(), true)));
+        assert_eq!(
+            ty(None, None),
+            Some(("process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(), true))
+        );
+        assert_eq!(
+            ty(Some("block_duration"), Some("samples")),
+            Some(("block:delay:nanoseconds:contentions:count".into(), false))
+        );
+        assert_eq!(
+            ty(Some("myapp"), Some("lock_samples")),
+            Some(("mutex:contentions:count:contentions:count".into(), false))
+        );
+        assert_eq!(
+            ty(None, Some("goroutines")),
+            Some(("goroutines:goroutine:count:goroutine:count".into(), false))
+        );
+        assert_eq!(
+            ty(Some("alloc_space"), None),
+            Some(("memory:alloc_space:bytes:space:bytes".into(), false))
+        );
+        assert_eq!(
+            ty(Some("wall"), None),
+            Some(("wall:wall:nanoseconds:wall:nanoseconds".into(), true))
+        );
     }
 
     #[test]

@@ -62,7 +62,10 @@ mod tests {
         assert!(is_gzip(&z));
         assert!(matches!(gunzip(&z, 100_000), Ok(v) if v == data));
         assert!(matches!(gunzip(&z, 99_999), Err(GunzipError::TooLarge)));
-        assert!(matches!(gunzip(&z[..z.len() / 2], 1 << 20), Err(GunzipError::Corrupt(_))));
+        assert!(matches!(
+            gunzip(&z[..z.len() / 2], 1 << 20),
+            Err(GunzipError::Corrupt(_))
+        ));
         // Concatenated members are read like Go's gzip.Reader does.
         let mut two = z.clone();
         two.extend_from_slice(&z);

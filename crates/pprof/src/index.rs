@@ -64,6 +64,37 @@ impl IdIndex {
     }
 }
 
+/// An [`IdIndex`] with a value of type `T` next to each position, so one
+/// lookup (one cache miss) finds both.
+pub(crate) enum IdTable<T> {
+    Dense(Vec<(u32, T)>),
+    Sparse(HashMap<u64, (u32, T)>),
+}
+
+impl<T: Clone> IdTable<T> {
+    /// Every entry of `index`, with value `init`.
+    pub(crate) fn new(index: IdIndex, init: T) -> Self {
+        match index {
+            IdIndex::Dense(v) => IdTable::Dense(v.into_iter().map(|p| (p, init.clone())).collect()),
+            IdIndex::Sparse(m) => {
+                IdTable::Sparse(m.into_iter().map(|(k, p)| (k, (p, init.clone()))).collect())
+            }
+        }
+    }
+
+    /// The position of `id` and its value, if `id` is present.
+    #[inline]
+    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut (u32, T)> {
+        match self {
+            IdTable::Dense(v) => match v.get_mut(usize::try_from(id).ok()?) {
+                Some(e) if e.0 != ABSENT => Some(e),
+                _ => None,
+            },
+            IdTable::Sparse(m) => m.get_mut(&id),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +113,9 @@ mod tests {
             IdIndex::new([1u64, 1].into_iter()),
             Err(IndexError::Duplicate(1))
         ));
-        assert!(matches!(IdIndex::new([0u64].into_iter()), Err(IndexError::Zero(0))));
+        assert!(matches!(
+            IdIndex::new([0u64].into_iter()),
+            Err(IndexError::Zero(0))
+        ));
     }
 }

@@ -40,13 +40,16 @@
 //!   and the per-sample ids in [`IGNORED_SAMPLE_LABELS`] (`span_id`,
 //!   `profile_id`) are dropped. Numeric labels are dropped.
 //! - Within one profile, samples with the same stack are summed; a value of
-//!   0 (or a sum of 0) drops the sample from that profile; a (type, series)
-//!   pair with no samples left produces no profile.
+//!   0 (or a sum of 0) drops the sample from that profile; a sample without
+//!   locations is dropped (it has no stack to attribute its value to); a
+//!   (type, series) pair with no samples left produces no profile.
 //! - Stacks, locations, functions and mappings go into [`Symbols`] under
 //!   content-addressed ids, computed once per pprof location, function and
 //!   mapping. A location without a mapping gets mapping [`Id::ZERO`]; a
-//!   line without a function gets function [`Id::ZERO`] (it prints as `?`).
-//!   Lines keep pprof's order (callee first). `drop_frames` and
+//!   line without a function (function id 0) is dropped, so a location with
+//!   only such lines is unsymbolized and prints as its address. Lines keep
+//!   pprof's order (callee first). Names are stored as sent
+//!   ([`go_pprof_display_name`] gives `go tool pprof`'s short form). `drop_frames` and
 //!   `keep_frames` are ignored.
 //! - Each profile's id is
 //!   `IdHasher::new("profile").id(seed).str(profile_type).str(labels)`;
@@ -65,6 +68,7 @@ mod gzip;
 mod index;
 mod legacy;
 mod normalize;
+mod wire;
 
 pub use decode::{DecodeError, decode, validate};
 pub use encode::{encode, to_pprof};
@@ -75,7 +79,7 @@ pub use folded::{
 pub use legacy::LegacyError;
 pub use normalize::{
     DEFAULT_MAX_SERIES, IGNORED_SAMPLE_LABELS, NormalizeError, NormalizeOptions, Normalized,
-    normalize, profile_type, sanitize_label_name,
+    go_pprof_display_name, normalize, profile_type, sanitize_label_name,
 };
 
 /// Size limits for untrusted input. Every limit is checked before the
@@ -97,6 +101,12 @@ pub struct Limits {
     pub max_strings: usize,
     /// The most sample types. Default 64.
     pub max_sample_types: usize,
+    /// The most memory a decoded protobuf profile may take, counted from
+    /// the sizes of the decoded structs as decoding proceeds: small
+    /// messages expand (a 2-byte empty label becomes a 32-byte struct), so
+    /// this bounds what a hostile profile under the byte limit can cost.
+    /// Real profiles take up to about 8× their encoded size. Default 512 MiB.
+    pub max_decoded_bytes: usize,
 }
 
 impl Default for Limits {
@@ -109,6 +119,7 @@ impl Default for Limits {
             max_mappings: 65_536,
             max_strings: 2_000_000,
             max_sample_types: 64,
+            max_decoded_bytes: 512 << 20,
         }
     }
 }

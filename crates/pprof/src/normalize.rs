@@ -1,5 +1,6 @@
 //! Turning a decoded pprof into Fathom profiles and symbols.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use fathom_model::{
@@ -8,7 +9,7 @@ use fathom_model::{
 };
 use fathom_proto::pprof;
 
-use crate::index::{IdIndex, IndexError};
+use crate::index::{IdIndex, IdTable, IndexError};
 
 /// The default for [`NormalizeOptions::max_series`].
 pub const DEFAULT_MAX_SERIES: usize = 10_000;
@@ -124,6 +125,9 @@ pub enum NormalizeError {
 /// 9. otherwise the period type's name, else the sample type's name
 ///    (`unknown` if both are empty).
 ///
+/// A type spelled `unknown` counts as empty, so the placeholder is stable
+/// when a profile is encoded and normalized again.
+///
 /// Names are sanitized to `[A-Za-z0-9_.-]` (others become `_`).
 pub fn profile_type(
     sample_type: &str,
@@ -174,6 +178,10 @@ fn sanitize_name(s: &str) -> String {
 }
 
 fn profile_name(sample_type: &str, period_type: &str, hint: Option<&str>) -> String {
+    // `unknown` is what an empty type becomes: treat it as empty, so that
+    // names survive encode → decode → normalize.
+    let unplaceholder = |t: &str| if t == "unknown" { "" } else { t }.to_owned();
+    let (sample_type, period_type) = (unplaceholder(sample_type), unplaceholder(period_type));
     let s = sample_type.to_ascii_lowercase();
     let p = period_type.to_ascii_lowercase();
     let hint_lc = hint.map(str::to_ascii_lowercase);
@@ -181,7 +189,10 @@ fn profile_name(sample_type: &str, period_type: &str, hint: Option<&str>) -> Str
     let named = |n: &str| n.to_owned();
     if s.starts_with("alloc")
         || s.starts_with("inuse")
-        || matches!(s.as_str(), "objects" | "space" | "live" | "allocations" | "bytes")
+        || matches!(
+            s.as_str(),
+            "objects" | "space" | "live" | "allocations" | "bytes"
+        )
         || p == "space"
     {
         return named("memory");
@@ -196,7 +207,8 @@ fn profile_name(sample_type: &str, period_type: &str, hint: Option<&str>) -> Str
     if s == "wall" || ((samples || s == "time") && matches!(p.as_str(), "wall" | "wallclock")) {
         return named("wall");
     }
-    if matches!(s.as_str(), "goroutine" | "goroutines") || matches!(p.as_str(), "goroutine" | "goroutines")
+    if matches!(s.as_str(), "goroutine" | "goroutines")
+        || matches!(p.as_str(), "goroutine" | "goroutines")
     {
         return named("goroutines");
     }
@@ -225,10 +237,66 @@ fn profile_name(sample_type: &str, period_type: &str, hint: Option<&str>) -> Str
         };
     }
     if !period_type.is_empty() {
-        sanitize_name(period_type)
+        sanitize_name(&period_type)
     } else {
-        sanitize_name(sample_type)
+        sanitize_name(&sample_type)
     }
+}
+
+/// The name `go tool pprof` displays for a function whose name equals its
+/// system name (its default `demangleFunctionNames` heuristics): a name
+/// that looks like demangled C++ — it contains `<`, `>`, `[`, `]` or `::`,
+/// but neither `.<` (Java) nor `]).` (Go generic methods) — loses its
+/// parameter lists `(...)` and then its template arguments `<...>`.
+/// Mangled names (`_Z...`) are not demangled.
+///
+/// Fathom stores names as profiles send them; this is for displays that
+/// want pprof's short names, and for comparing with `go tool pprof` output.
+pub fn go_pprof_display_name(name: &str) -> Cow<'_, str> {
+    let looks_cpp = !name.contains(".<")
+        && !name.contains("]).")
+        && (name.contains(['<', '>', '[', ']']) || name.contains("::"));
+    if !looks_cpp {
+        return Cow::Borrowed(name);
+    }
+    let once = remove_matching(name.as_bytes(), b'(', b')');
+    let twice = remove_matching(&once, b'<', b'>');
+    match String::from_utf8(twice) {
+        Ok(s) if s == name => Cow::Borrowed(name),
+        Ok(s) => Cow::Owned(s),
+        Err(_) => Cow::Borrowed(name),
+    }
+}
+
+/// Go pprof's `removeMatching`: removes nested `start ... end` groups; on
+/// an unmatched `end` it stops and returns what it has so far.
+fn remove_matching(name: &[u8], start: u8, end: u8) -> Vec<u8> {
+    let mut name = name.to_vec();
+    let (mut nesting, mut first, mut current) = (0i64, 0usize, 0usize);
+    while let Some(index) = name
+        .get(current..)
+        .and_then(|rest| rest.iter().position(|&c| c == start || c == end))
+    {
+        current += index;
+        if name[current] == start {
+            nesting += 1;
+            if nesting == 1 {
+                first = current;
+            }
+        } else {
+            nesting -= 1;
+            if nesting < 0 {
+                return name;
+            }
+            if nesting == 0 {
+                name.drain(first..=current);
+                current = first;
+                continue;
+            }
+        }
+        current += 1;
+    }
+    name
 }
 
 /// Turns a sample label key into a valid label name: invalid characters
@@ -241,7 +309,9 @@ pub fn sanitize_label_name(key: &str) -> Option<String> {
         key.chars()
             .enumerate()
             .map(|(i, c)| {
-                let ok = c.is_ascii_alphabetic() || c == '_' || (i > 0 && (c.is_ascii_digit() || c == '.'));
+                let ok = c.is_ascii_alphabetic()
+                    || c == '_'
+                    || (i > 0 && (c.is_ascii_digit() || c == '.'));
                 if ok { c } else { '_' }
             })
             .collect(),
@@ -259,7 +329,10 @@ struct Series {
 /// Normalizes a pprof into Fathom profiles (see the crate docs for the
 /// rules): one profile per (sample type, series), samples with equal
 /// stacks summed, zero values dropped, symbols content-addressed.
-pub fn normalize(p: &pprof::Profile, opts: &NormalizeOptions) -> Result<Normalized, NormalizeError> {
+pub fn normalize(
+    p: &pprof::Profile,
+    opts: &NormalizeOptions,
+) -> Result<Normalized, NormalizeError> {
     let n = Normalizer::new(p, opts)?;
     n.run()
 }
@@ -267,10 +340,10 @@ pub fn normalize(p: &pprof::Profile, opts: &NormalizeOptions) -> Result<Normaliz
 struct Normalizer<'a> {
     p: &'a pprof::Profile,
     opts: &'a NormalizeOptions,
-    loc_index: IdIndex,
+    /// pprof location id → (position, model id once computed).
+    locations: IdTable<Option<Id>>,
     fn_index: IdIndex,
     map_index: IdIndex,
-    loc_ids: Vec<Option<Id>>,
     fn_ids: Vec<Option<Id>>,
     map_ids: Vec<Option<Id>>,
     symbols: Symbols,
@@ -282,13 +355,23 @@ impl<'a> Normalizer<'a> {
         Ok(Normalizer {
             p,
             opts,
-            loc_index: IdIndex::new(p.location.iter().map(|l| l.id)).map_err(bad("location"))?,
+            locations: IdTable::new(
+                IdIndex::new(p.location.iter().map(|l| l.id)).map_err(bad("location"))?,
+                None,
+            ),
             fn_index: IdIndex::new(p.function.iter().map(|f| f.id)).map_err(bad("function"))?,
             map_index: IdIndex::new(p.mapping.iter().map(|m| m.id)).map_err(bad("mapping"))?,
-            loc_ids: vec![None; p.location.len()],
             fn_ids: vec![None; p.function.len()],
             map_ids: vec![None; p.mapping.len()],
-            symbols: Symbols::default(),
+            symbols: {
+                // Sized up front: growing these maps rehashes everything.
+                let mut s = Symbols::default();
+                s.stacks.reserve(p.sample.len());
+                s.locations.reserve(p.location.len());
+                s.functions.reserve(p.function.len());
+                s.mappings.reserve(p.mapping.len());
+                s
+            },
         })
     }
 
@@ -315,7 +398,10 @@ impl<'a> Normalizer<'a> {
         let i = self
             .map_index
             .get(id)
-            .ok_or(NormalizeError::UnknownMapping { location, mapping: id })?;
+            .ok_or(NormalizeError::UnknownMapping {
+                location,
+                mapping: id,
+            })?;
         if let Some(id) = self.map_ids[i] {
             return Ok(id);
         }
@@ -332,21 +418,22 @@ impl<'a> Normalizer<'a> {
     }
 
     fn function_id(&mut self, location: u64, id: u64) -> Result<Id, NormalizeError> {
-        if id == 0 {
-            // No function: prints as "?" (an unknown id).
-            return Ok(Id::ZERO);
-        }
         let i = self
             .fn_index
             .get(id)
-            .ok_or(NormalizeError::UnknownFunction { location, function: id })?;
+            .ok_or(NormalizeError::UnknownFunction {
+                location,
+                function: id,
+            })?;
         if let Some(id) = self.fn_ids[i] {
             return Ok(id);
         }
         let f = &self.p.function[i];
         let fid = self.symbols.add_function(Function {
             name: self.string(f.name, "a function name")?.to_owned(),
-            system_name: self.string(f.system_name, "a function system name")?.to_owned(),
+            system_name: self
+                .string(f.system_name, "a function system name")?
+                .to_owned(),
             filename: self.string(f.filename, "a function file name")?.to_owned(),
             start_line: f.start_line,
         });
@@ -354,18 +441,24 @@ impl<'a> Normalizer<'a> {
         Ok(fid)
     }
 
+    #[inline]
     fn location_id(&mut self, sample: usize, id: u64) -> Result<Id, NormalizeError> {
-        let i = self
-            .loc_index
-            .get(id)
-            .ok_or(NormalizeError::UnknownLocation { sample, location: id })?;
-        if let Some(id) = self.loc_ids[i] {
+        let (pos, memo) = *self
+            .locations
+            .get_mut(id)
+            .ok_or(NormalizeError::UnknownLocation {
+                sample,
+                location: id,
+            })?;
+        if let Some(id) = memo {
             return Ok(id);
         }
+        let i = pos as usize;
         let l = &self.p.location[i];
         let mapping = self.mapping_id(l.id, l.mapping_id)?;
         let mut lines = Vec::with_capacity(l.line.len());
-        for ln in &l.line {
+        // A line without a function names nothing: it is dropped.
+        for ln in l.line.iter().filter(|ln| ln.function_id != 0) {
             lines.push(Line {
                 function: self.function_id(l.id, ln.function_id)?,
                 line: ln.line,
@@ -376,7 +469,9 @@ impl<'a> Normalizer<'a> {
             address: l.address,
             lines,
         });
-        self.loc_ids[i] = Some(lid);
+        if let Some(e) = self.locations.get_mut(id) {
+            e.1 = Some(lid);
+        }
         Ok(lid)
     }
 
@@ -448,11 +543,18 @@ impl<'a> Normalizer<'a> {
                     want,
                 });
             }
-            if s.value.iter().all(|&v| v == 0) {
+            // All-zero samples contribute nothing; samples without
+            // locations have no stack to attribute their value to.
+            if s.value.iter().all(|&v| v == 0) || s.location_id.is_empty() {
                 continue;
             }
             raw_labels.clear();
-            raw_labels.extend(s.label.iter().filter(|l| l.str != 0).map(|l| (l.key, l.str)));
+            raw_labels.extend(
+                s.label
+                    .iter()
+                    .filter(|l| l.str != 0)
+                    .map(|l| (l.key, l.str)),
+            );
             let known = if raw_labels.is_empty() {
                 plain_series
             } else {
@@ -495,9 +597,10 @@ impl<'a> Normalizer<'a> {
                 stack.locations.push(id);
             }
             let stack_id = stack.id();
-            if !self.symbols.stacks.contains_key(&stack_id) {
-                self.symbols.stacks.insert(stack_id, stack.clone());
-            }
+            self.symbols
+                .stacks
+                .entry(stack_id)
+                .or_insert_with(|| stack.clone());
 
             let ser = &mut series[sidx];
             let slot = match ser.slot_of.get(&stack_id) {
@@ -518,7 +621,10 @@ impl<'a> Normalizer<'a> {
         }
 
         let time_nanos = self.opts.time_nanos_override.unwrap_or(p.time_nanos);
-        let duration_nanos = self.opts.duration_nanos_override.unwrap_or(p.duration_nanos);
+        let duration_nanos = self
+            .opts
+            .duration_nanos_override
+            .unwrap_or(p.duration_nanos);
         let type_strings: Vec<String> = types.iter().map(ToString::to_string).collect();
         let mut profiles = Vec::new();
         for ser in &series {
@@ -573,27 +679,130 @@ mod tests {
 
     #[test]
     fn naming_rules() {
-        assert_eq!(pt("cpu", "nanoseconds", "cpu", "nanoseconds", None), "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
-        assert_eq!(pt("samples", "count", "cpu", "nanoseconds", None), "process_cpu:samples:count:cpu:nanoseconds");
-        assert_eq!(pt("alloc_space", "bytes", "space", "bytes", None), "memory:alloc_space:bytes:space:bytes");
-        assert_eq!(pt("contentions", "count", "contentions", "count", None), "mutex:contentions:count:contentions:count");
-        assert_eq!(pt("delay", "nanoseconds", "contentions", "count", Some("block_duration")), "block:delay:nanoseconds:contentions:count");
-        assert_eq!(pt("contentions", "count", "block", "count", Some("mutex_count")), "block:contentions:count:block:count");
-        assert_eq!(pt("goroutine", "count", "goroutine", "count", None), "goroutines:goroutine:count:goroutine:count");
-        assert_eq!(pt("wall", "nanoseconds", "wall", "nanoseconds", None), "wall:wall:nanoseconds:wall:nanoseconds");
-        assert_eq!(pt("sample", "count", "wall", "microseconds", None), "wall:sample:count:wall:microseconds");
-        assert_eq!(pt("samples", "count", "wallclock", "nanoseconds", None), "wall:samples:count:wallclock:nanoseconds");
-        assert_eq!(pt("time", "nanoseconds", "wallclock", "nanoseconds", None), "wall:time:nanoseconds:wallclock:nanoseconds");
-        assert_eq!(pt("samples", "count", "", "milliseconds", None), "process_cpu:samples:count:unknown:milliseconds");
-        assert_eq!(pt("thread", "count", "thread", "count", None), "thread:thread:count:thread:count");
-        assert_eq!(pt("thread", "count", "thread", "count", Some("threads")), "threads:thread:count:thread:count");
-        assert_eq!(pt("", "", "", "", None), "unknown:unknown:count:unknown:count");
-        assert_eq!(pt("", "", "", "", Some("goroutines")), "goroutines:unknown:count:unknown:count");
-        assert_eq!(pt("exception", "count", "", "nanoseconds", Some("cpu")), "exceptions:exception:count:unknown:nanoseconds");
-        assert_eq!(pt("lock-time", "nanoseconds", "", "nanoseconds", None), "mutex:lock-time:nanoseconds:unknown:nanoseconds");
-        assert_eq!(pt("CPU", "nanoseconds", "CPU", "nanoseconds", None), "process_cpu:CPU:nanoseconds:CPU:nanoseconds");
+        assert_eq!(
+            pt("cpu", "nanoseconds", "cpu", "nanoseconds", None),
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+        );
+        assert_eq!(
+            pt("samples", "count", "cpu", "nanoseconds", None),
+            "process_cpu:samples:count:cpu:nanoseconds"
+        );
+        assert_eq!(
+            pt("alloc_space", "bytes", "space", "bytes", None),
+            "memory:alloc_space:bytes:space:bytes"
+        );
+        assert_eq!(
+            pt("contentions", "count", "contentions", "count", None),
+            "mutex:contentions:count:contentions:count"
+        );
+        assert_eq!(
+            pt(
+                "delay",
+                "nanoseconds",
+                "contentions",
+                "count",
+                Some("block_duration")
+            ),
+            "block:delay:nanoseconds:contentions:count"
+        );
+        assert_eq!(
+            pt(
+                "contentions",
+                "count",
+                "block",
+                "count",
+                Some("mutex_count")
+            ),
+            "block:contentions:count:block:count"
+        );
+        assert_eq!(
+            pt("goroutine", "count", "goroutine", "count", None),
+            "goroutines:goroutine:count:goroutine:count"
+        );
+        assert_eq!(
+            pt("wall", "nanoseconds", "wall", "nanoseconds", None),
+            "wall:wall:nanoseconds:wall:nanoseconds"
+        );
+        assert_eq!(
+            pt("sample", "count", "wall", "microseconds", None),
+            "wall:sample:count:wall:microseconds"
+        );
+        assert_eq!(
+            pt("samples", "count", "wallclock", "nanoseconds", None),
+            "wall:samples:count:wallclock:nanoseconds"
+        );
+        assert_eq!(
+            pt("time", "nanoseconds", "wallclock", "nanoseconds", None),
+            "wall:time:nanoseconds:wallclock:nanoseconds"
+        );
+        assert_eq!(
+            pt("samples", "count", "", "milliseconds", None),
+            "process_cpu:samples:count:unknown:milliseconds"
+        );
+        assert_eq!(
+            pt("thread", "count", "thread", "count", None),
+            "thread:thread:count:thread:count"
+        );
+        assert_eq!(
+            pt("thread", "count", "thread", "count", Some("threads")),
+            "threads:thread:count:thread:count"
+        );
+        assert_eq!(
+            pt("", "", "", "", None),
+            "unknown:unknown:count:unknown:count"
+        );
+        assert_eq!(
+            pt("", "", "", "", Some("goroutines")),
+            "goroutines:unknown:count:unknown:count"
+        );
+        assert_eq!(
+            pt("exception", "count", "", "nanoseconds", Some("cpu")),
+            "exceptions:exception:count:unknown:nanoseconds"
+        );
+        assert_eq!(
+            pt("lock-time", "nanoseconds", "", "nanoseconds", None),
+            "mutex:lock-time:nanoseconds:unknown:nanoseconds"
+        );
+        assert_eq!(
+            pt("CPU", "nanoseconds", "CPU", "nanoseconds", None),
+            "process_cpu:CPU:nanoseconds:CPU:nanoseconds"
+        );
         assert_eq!(pt("a:b", "c:d", "e", "f", Some("x y")), "x_y:a_b:c_d:e:f");
-        assert_eq!(pt("live", "count", "objects", "count", None), "memory:live:count:objects:count");
+        assert_eq!(
+            pt("live", "count", "objects", "count", None),
+            "memory:live:count:objects:count"
+        );
+        // The placeholder is stable.
+        assert_eq!(
+            pt("samples", "count", "unknown", "milliseconds", None),
+            "process_cpu:samples:count:unknown:milliseconds"
+        );
+        assert_eq!(
+            pt("unknown", "count", "unknown", "count", None),
+            "unknown:unknown:count:unknown:count"
+        );
+    }
+
+    #[test]
+    fn go_display_names() {
+        let d = |s| go_pprof_display_name(s).into_owned();
+        assert_eq!(d("main.foo"), "main.foo");
+        assert_eq!(
+            d("std::vector<int>::push_back(int const&)"),
+            "std::vector::push_back"
+        );
+        assert_eq!(
+            d("<alloc::alloc::Global as core::alloc::Allocator>::allocate"),
+            "::allocate"
+        );
+        assert_eq!(
+            d("p.New[go.shape.interface { At() int; Seek(int) bool }]"),
+            "p.New[go.shape.interface { At int; Seek bool }]"
+        );
+        assert_eq!(d("p.(*T[...]).M"), "p.(*T[...]).M");
+        assert_eq!(d("java.lang.Object.<init>"), "java.lang.Object.<init>");
+        assert_eq!(d("a::b)c(d)"), "a::b)c(d)");
+        assert_eq!(d("f<(a)>::g"), "f::g");
     }
 
     #[test]
@@ -624,19 +833,36 @@ mod tests {
         let samples = strings(&mut p, "samples");
         let count = strings(&mut p, "count");
         p.sample_type = vec![
-            pprof::ValueType { r#type: samples, unit: count },
-            pprof::ValueType { r#type: cpu, unit: ns },
+            pprof::ValueType {
+                r#type: samples,
+                unit: count,
+            },
+            pprof::ValueType {
+                r#type: cpu,
+                unit: ns,
+            },
         ];
-        p.period_type = Some(pprof::ValueType { r#type: cpu, unit: ns });
+        p.period_type = Some(pprof::ValueType {
+            r#type: cpu,
+            unit: ns,
+        });
         p.period = 10;
         p.time_nanos = 77;
         for (id, name) in [(1u64, "main"), (2, "work")] {
             let n = strings(&mut p, name);
-            p.function.push(pprof::Function { id, name: n, ..Default::default() });
+            p.function.push(pprof::Function {
+                id,
+                name: n,
+                ..Default::default()
+            });
             p.location.push(pprof::Location {
                 id,
                 address: id * 16,
-                line: vec![pprof::Line { function_id: id, line: 1, column: 0 }],
+                line: vec![pprof::Line {
+                    function_id: id,
+                    line: 1,
+                    column: 0,
+                }],
                 ..Default::default()
             });
         }
@@ -645,13 +871,41 @@ mod tests {
         let k3 = strings(&mut p, "span_id");
         let v1 = strings(&mut p, "/a");
         let v2 = strings(&mut p, "/b");
-        let lab = |key, str| pprof::Label { key, str, ..Default::default() };
+        let lab = |key, str| pprof::Label {
+            key,
+            str,
+            ..Default::default()
+        };
         p.sample = vec![
-            pprof::Sample { location_id: vec![2, 1], value: vec![1, 10], label: vec![lab(k, v1), lab(k3, v2)] },
-            pprof::Sample { location_id: vec![2, 1], value: vec![2, 20], label: vec![lab(k3, v1), lab(k, v1)] },
-            pprof::Sample { location_id: vec![1], value: vec![0, 5], label: vec![lab(k, v2), lab(k2, v2)] },
-            pprof::Sample { location_id: vec![1], value: vec![0, 0], label: vec![] },
-            pprof::Sample { location_id: vec![2, 1], value: vec![4, 40], label: vec![pprof::Label { key: k, num: 3, ..Default::default() }] },
+            pprof::Sample {
+                location_id: vec![2, 1],
+                value: vec![1, 10],
+                label: vec![lab(k, v1), lab(k3, v2)],
+            },
+            pprof::Sample {
+                location_id: vec![2, 1],
+                value: vec![2, 20],
+                label: vec![lab(k3, v1), lab(k, v1)],
+            },
+            pprof::Sample {
+                location_id: vec![1],
+                value: vec![0, 5],
+                label: vec![lab(k, v2), lab(k2, v2)],
+            },
+            pprof::Sample {
+                location_id: vec![1],
+                value: vec![0, 0],
+                label: vec![],
+            },
+            pprof::Sample {
+                location_id: vec![2, 1],
+                value: vec![4, 40],
+                label: vec![pprof::Label {
+                    key: k,
+                    num: 3,
+                    ..Default::default()
+                }],
+            },
         ];
         p
     }
@@ -664,14 +918,18 @@ mod tests {
             ..Default::default()
         };
         let n = normalize(&p, &opts).expect("normalizes");
-        let summary: Vec<(String, String, Vec<(Vec<String>, i64)>)> = n
+        type Summary = (String, String, Vec<(Vec<String>, i64)>);
+        let summary: Vec<Summary> = n
             .profiles
             .iter()
             .map(|x| {
                 (
                     x.profile_type.to_string(),
                     x.labels.to_string(),
-                    x.samples.iter().map(|s| (n.symbols.frames(&s.stack), s.value)).collect(),
+                    x.samples
+                        .iter()
+                        .map(|s| (n.symbols.frames(&s.stack), s.value))
+                        .collect(),
                 )
             })
             .collect();
@@ -679,11 +937,31 @@ mod tests {
         assert_eq!(
             summary,
             vec![
-                ("process_cpu:samples:count:cpu:nanoseconds".into(), r#"{handler="/a", service_name="svc"}"#.into(), vec![(f(&["main", "work"]), 3)]),
-                ("process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(), r#"{handler="/a", service_name="svc"}"#.into(), vec![(f(&["main", "work"]), 30)]),
-                ("process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(), r#"{handler="/b", service_name="svc"}"#.into(), vec![(f(&["main"]), 5)]),
-                ("process_cpu:samples:count:cpu:nanoseconds".into(), r#"{service_name="svc"}"#.into(), vec![(f(&["main", "work"]), 4)]),
-                ("process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(), r#"{service_name="svc"}"#.into(), vec![(f(&["main", "work"]), 40)]),
+                (
+                    "process_cpu:samples:count:cpu:nanoseconds".into(),
+                    r#"{handler="/a", service_name="svc"}"#.into(),
+                    vec![(f(&["main", "work"]), 3)]
+                ),
+                (
+                    "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+                    r#"{handler="/a", service_name="svc"}"#.into(),
+                    vec![(f(&["main", "work"]), 30)]
+                ),
+                (
+                    "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+                    r#"{handler="/b", service_name="svc"}"#.into(),
+                    vec![(f(&["main"]), 5)]
+                ),
+                (
+                    "process_cpu:samples:count:cpu:nanoseconds".into(),
+                    r#"{service_name="svc"}"#.into(),
+                    vec![(f(&["main", "work"]), 4)]
+                ),
+                (
+                    "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+                    r#"{service_name="svc"}"#.into(),
+                    vec![(f(&["main", "work"]), 40)]
+                ),
             ]
         );
         let first = &n.profiles[0];
@@ -691,7 +969,11 @@ mod tests {
         assert_eq!(first.period, 10);
         assert_eq!(
             first.id,
-            profile_id(&Id::ZERO, "process_cpu:samples:count:cpu:nanoseconds", r#"{handler="/a", service_name="svc"}"#)
+            profile_id(
+                &Id::ZERO,
+                "process_cpu:samples:count:cpu:nanoseconds",
+                r#"{handler="/a", service_name="svc"}"#
+            )
         );
         // Deterministic.
         assert_eq!(normalize(&p, &opts).expect("normalizes"), n);
@@ -702,7 +984,11 @@ mod tests {
             ..opts.clone()
         };
         let n2 = normalize(&p, &o2).expect("normalizes");
-        assert!(n2.profiles.iter().all(|x| x.time_nanos == 5 && x.duration_nanos == 6));
+        assert!(
+            n2.profiles
+                .iter()
+                .all(|x| x.time_nanos == 5 && x.duration_nanos == 6)
+        );
     }
 
     #[test]
@@ -723,7 +1009,10 @@ mod tests {
         p.sample[0].location_id.push(42);
         assert_eq!(
             normalize(&p, &NormalizeOptions::default()),
-            Err(NormalizeError::UnknownLocation { sample: 0, location: 42 })
+            Err(NormalizeError::UnknownLocation {
+                sample: 0,
+                location: 42
+            })
         );
         let mut p = labelled();
         p.function[0].name = 999;

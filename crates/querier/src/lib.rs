@@ -41,7 +41,7 @@ use parking_lot::Mutex;
 pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;
 pub use http::router;
-pub use render::{FlameNode, TopRow, flamegraph, top};
+pub use render::{FlameNode, OTHER, TopRow, flamegraph, folded, folded_text, top};
 
 /// Errors while answering a query.
 #[derive(Debug, thiserror::Error)]

@@ -30,7 +30,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use fathom_block::{BlockIndex, MemoryIndex};
-use fathom_distributor::{Distributor, IngesterWriter, Limits, PushServer, WriteError};
+use fathom_distributor::{Distributor, IngesterWriter, PushServer, WriteError};
 use fathom_ingester::Ingester;
 use fathom_model::{Id, IngestBatch, Symbols, TenantId};
 use fathom_querier::{Executor, HeadData, HeadSource, Querier, QueryError};

@@ -94,7 +94,9 @@ fn cpu_profile(
         let mut counts: HashMap<u64, usize> = HashMap::new();
         for s in &p.samples {
             if s.locations.len() > 1 {
-                *counts.entry(p.loc_arena[s.locations[1]].address).or_default() += 1;
+                *counts
+                    .entry(p.loc_arena[s.locations[1]].address)
+                    .or_default() += 1;
             }
         }
         // At most one address can reach the threshold, so the (random, in
@@ -131,14 +133,17 @@ fn java_cpu_profile(
     Ok(p)
 }
 
-/// Go's `parseCPUSamples`: returns the bytes after the end-of-data marker
+/// What `parse_cpu_samples` leaves: the bytes after the end-of-data marker
 /// (`None` if the words ran out) and the locations by address.
+type Samples<'b> = (Option<&'b [u8]>, HashMap<u64, usize>);
+
+/// Go's `parseCPUSamples`.
 fn parse_cpu_samples<'b>(
     b: &'b [u8],
     parse: Word,
     adjust: bool,
     p: &mut LProfile,
-) -> Result<(Option<&'b [u8]>, HashMap<u64, usize>), LegacyError> {
+) -> Result<Samples<'b>, LegacyError> {
     let mut locs = HashMap::new();
     let mut b = Some(b);
     while b.is_some_and(|x| !x.is_empty()) {
@@ -157,7 +162,11 @@ fn parse_cpu_samples<'b>(
         }
         let mut sloc = Vec::with_capacity(addrs.len());
         for (i, &a) in addrs.iter().enumerate() {
-            let a = if adjust && i > 0 { a.wrapping_sub(1) } else { a };
+            let a = if adjust && i > 0 {
+                a.wrapping_sub(1)
+            } else {
+                a
+            };
             sloc.push(p.location_for(&mut locs, a)?);
         }
         let count = count as i64;

@@ -6,8 +6,8 @@ use std::sync::LazyLock;
 
 use super::regex::Regex;
 use super::{
-    LFunction, LLine, LProfile, LSample, LegacyError, go_trim_space, lossy, parse_hex_addresses,
-    parse_int, parse_uint, re, scale_heap_sample,
+    LFunction, LLine, LProfile, LSample, LegacyError, MAX_LINE, go_trim_space, lossy,
+    parse_hex_addresses, parse_int, parse_uint, re, scale_heap_sample,
 };
 use crate::Limits;
 
@@ -45,6 +45,18 @@ fn next_line(b: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&b[..i], &b[i + 1..]))
 }
 
+/// Refuses lines as long as the text parsers do (Go reads these with
+/// `bytes.Buffer` and has no limit; a limit keeps matching cheap).
+fn check_len(line: &[u8], line_no: usize) -> Result<(), LegacyError> {
+    if line.len() >= MAX_LINE {
+        return Err(LegacyError::LineTooLong {
+            line: line_no,
+            limit: MAX_LINE - 1,
+        });
+    }
+    Ok(())
+}
+
 /// Go's `parseJavaProfile`: `--- heapz 1 ---` and `--- contentionz 1 ---`.
 pub(super) fn parse_java_profile(b: &[u8], limits: &Limits) -> Result<LProfile, LegacyError> {
     let Some((header, rest)) = next_line(b) else {
@@ -76,6 +88,7 @@ fn parse_java_header<'b>(
     };
     let mut line_no = 2;
     while let Some((raw, rest)) = next_line(b) {
+        check_len(raw, line_no)?;
         let line = go_trim_space(raw);
         if !line.is_empty() {
             let Some(c) = re(&ATTRIBUTE_RE).captures(line) else {
@@ -96,12 +109,18 @@ fn parse_java_header<'b>(
                 }
                 (Kind::Heap, b"resolution") => {
                     let unit = lossy(value);
-                    p.set_types(&[("inuse_objects", "count"), ("inuse_space", &unit)], ("", ""));
+                    p.set_types(
+                        &[("inuse_objects", "count"), ("inuse_space", &unit)],
+                        ("", ""),
+                    );
                 }
                 (Kind::Contention, b"resolution") => {
                     let unit = lossy(value);
                     let pt = (p.period_type.0.clone(), p.period_type.1.clone());
-                    p.set_types(&[("contentions", "count"), ("delay", &unit)], (&pt.0, &pt.1));
+                    p.set_types(
+                        &[("contentions", "count"), ("delay", &unit)],
+                        (&pt.0, &pt.1),
+                    );
                 }
                 (Kind::Contention, b"sampling period") => {
                     p.period_type = ("contentions".to_owned(), "count".to_owned());
@@ -129,6 +148,7 @@ fn parse_java_samples<'b>(
 ) -> Result<(&'b [u8], HashMap<u64, usize>), LegacyError> {
     let mut locs = HashMap::new();
     while let Some((raw, rest)) = next_line(b) {
+        check_len(raw, *line_no)?;
         let line = go_trim_space(raw);
         if !line.is_empty() {
             let Some(c) = re(&JAVA_SAMPLE_RE).captures(line) else {
@@ -198,6 +218,7 @@ pub(super) fn parse_java_locations(
         let (raw, next) = next_line(rest).unwrap_or((rest, &[]));
         rest = next;
         line_no += 1;
+        check_len(raw, line_no)?;
         let line = go_trim_space(raw);
         if line.is_empty() {
             continue;
@@ -296,7 +317,11 @@ mod tests {
         let p = parse_java_profile(data, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.samples.len(), 1);
         assert_eq!(p.sample_types[1], ("inuse_space".into(), "bytes".into()));
-        let names: Vec<&str> = p.functions.iter().map(|&f| p.fn_arena[f].name.as_str()).collect();
+        let names: Vec<&str> = p
+            .functions
+            .iter()
+            .map(|&f| p.fn_arena[f].name.as_str())
+            .collect();
         assert_eq!(names, vec!["com.example.A.f", "GC"]);
         assert!(p.locations.iter().all(|&l| p.loc_arena[l].address == 0));
     }

@@ -23,7 +23,9 @@
 //! - no panics: Go panics on some malformed inputs; here they are errors;
 //! - the jemalloc parser also emits the last stack of the file (Go drops it);
 //! - sample and location counts are checked against [`Limits`] while
-//!   parsing, so a hostile input cannot allocate without bound.
+//!   parsing, so a hostile input cannot allocate without bound;
+//! - lines of Java profiles are limited to 64 KiB like the other text
+//!   formats (Go reads them without a limit).
 
 mod cpu;
 mod java;
@@ -287,7 +289,9 @@ impl LProfile {
         }
         // Move what looks like the main binary to the front.
         for i in 0..self.mappings.len() {
-            let file = self.map_arena[self.mappings[i]].file.replace("(deleted)", "");
+            let file = self.map_arena[self.mappings[i]]
+                .file
+                .replace("(deleted)", "");
             let file = go_trim_space(file.as_bytes());
             if file.is_empty() || re(&LIB_RE).is_match(file) || file[0] == b'[' {
                 continue;
@@ -418,7 +422,12 @@ impl LProfile {
             &["objects", "space"],
             &["inuse_objects", "inuse_space"],
             &["alloc_objects", "alloc_space"],
-            &["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"],
+            &[
+                "alloc_objects",
+                "alloc_space",
+                "inuse_objects",
+                "inuse_space",
+            ],
         ];
         let is = |types: &[&str]| {
             self.sample_types.len() == types.len()
@@ -762,7 +771,7 @@ fn parse_uint(s: &[u8], base: u32) -> Option<u64> {
     if allow_underscore && digits.contains(&b'_') && !underscore_ok(s) {
         return None;
     }
-    if !any && !(prefixed && base == 8 && digits.is_empty()) {
+    if !(any || prefixed && base == 8 && digits.is_empty()) {
         return None;
     }
     Some(v)
@@ -842,13 +851,12 @@ fn parse_hex_addresses(
                 end += 1;
             }
             if end > start {
-                let v = parse_uint(&s[start..end], 16).ok_or_else(|| {
-                    LegacyError::AddressOverflow {
+                let v =
+                    parse_uint(&s[start..end], 16).ok_or_else(|| LegacyError::AddressOverflow {
                         format,
                         line,
                         text: lossy(&s[i..end]),
-                    }
-                })?;
+                    })?;
                 out.push(v);
                 i = end;
                 continue;
@@ -880,7 +888,8 @@ fn re(cell: &'static LazyLock<Regex>) -> &'static Regex {
 
 macro_rules! pattern {
     ($name:ident, $p:expr) => {
-        static $name: LazyLock<Regex> = LazyLock::new(|| Regex::new($p).unwrap_or_else(Regex::never));
+        static $name: LazyLock<Regex> =
+            LazyLock::new(|| Regex::new($p).unwrap_or_else(Regex::never));
     };
 }
 pub(crate) use pattern;
@@ -991,8 +1000,7 @@ const ALLOC_RX: &str = concat!(
     r"simple_alloc::allocate"
 );
 const ALLOC_SKIP_RX: &str = r"runtime\.panic|runtime\.reflectcall|runtime\.call[0-9]*";
-const CPU_PROFILER_RX: &str =
-    r"ProfileData::Add|ProfileData::prof_handler|CpuProfiler::prof_handler|__pthread_sighandler|__restore";
+const CPU_PROFILER_RX: &str = r"ProfileData::Add|ProfileData::prof_handler|CpuProfiler::prof_handler|__pthread_sighandler|__restore";
 const LOCK_RX: &str = concat!(
     r"RecordLockProfileData|(base::)?RecordLockProfileData.*|(base::)?SubmitMutexProfileData.*|",
     r"(base::)?SubmitSpinLockProfileData.*|(base::Mutex::)?AwaitCommon.*|",
@@ -1067,11 +1075,17 @@ mod tests {
         let m = parse_mapping_entry(b"00400000-00fcb000 r-xp 00000000 08:01 1234   /bin/x")
             .flatten()
             .expect("parses");
-        assert_eq!((m.start, m.limit, m.file.as_str()), (0x400000, 0xfcb000, "/bin/x"));
+        assert_eq!(
+            (m.start, m.limit, m.file.as_str()),
+            (0x400000, 0xfcb000, "/bin/x")
+        );
         let m = parse_mapping_entry(b"00400000-00fcb000: /home/x/main")
             .flatten()
             .expect("parses");
-        assert_eq!((m.start, m.limit, m.file.as_str()), (0x400000, 0xfcb000, "/home/x/main"));
+        assert_eq!(
+            (m.start, m.limit, m.file.as_str()),
+            (0x400000, 0xfcb000, "/home/x/main")
+        );
         assert!(matches!(
             parse_mapping_entry(b"00400000-00fcb000 r--p 00000000 08:01 1234 /bin/x"),
             Some(None)
@@ -1081,7 +1095,10 @@ mod tests {
 
     #[test]
     fn replacer_and_logging_prefix() {
-        let attrs = vec![(b"$a".to_vec(), b"X".to_vec()), (b"$ab".to_vec(), b"Y".to_vec())];
+        let attrs = vec![
+            (b"$a".to_vec(), b"X".to_vec()),
+            (b"$ab".to_vec(), b"Y".to_vec()),
+        ];
         assert_eq!(&*replace(b"1$ab2", &attrs), b"1Xb2");
         assert_eq!(remove_logging_info(b"foo.cc:12] 0-1: /x"), b"0-1: /x");
         assert_eq!(remove_logging_info(b"0-1: /x"), b"0-1: /x");

@@ -518,11 +518,11 @@ mod tests {
                 "12".into()
             ])
         );
-        assert_eq!(caps(r"\A(\S+) profile: total \d+\z", "x profile: total 1 "), None);
         assert_eq!(
-            caps(r"a|b(c)", "zbc"),
-            Some(vec!["bc".into(), "c".into()])
+            caps(r"\A(\S+) profile: total \d+\z", "x profile: total 1 "),
+            None
         );
+        assert_eq!(caps(r"a|b(c)", "zbc"), Some(vec!["bc".into(), "c".into()]));
     }
 
     #[test]

@@ -9,8 +9,7 @@ use std::sync::LazyLock;
 use super::regex::Regex;
 use super::{
     LProfile, LSample, LegacyError, Scanner, go_trim_space, is_memory_map_sentinel,
-    is_space_or_comment, lossy, parse_hex_addresses, parse_int, parse_uint, re,
-    scale_heap_sample,
+    is_space_or_comment, lossy, parse_hex_addresses, parse_int, parse_uint, re, scale_heap_sample,
 };
 use crate::Limits;
 
@@ -86,8 +85,7 @@ pub(super) fn parse_heap(b: &[u8], limits: &Limits) -> Result<LProfile, LegacyEr
     let line = s.text();
     let (sampling, period, has_alloc) = if re(&HEAP_HEADER_RE).is_match(line) {
         parse_heap_header(line)?
-    } else if re(&GROWTH_HEADER_RE).is_match(line) || re(&FRAGMENTATION_HEADER_RE).is_match(line)
-    {
+    } else if re(&GROWTH_HEADER_RE).is_match(line) || re(&FRAGMENTATION_HEADER_RE).is_match(line) {
         (Sampling::None, 1, false)
     } else if let Some(c) = re(&JEMALLOC_HEAP_HEADER_RE).captures(line) {
         let period = match c.str(1) {
@@ -260,8 +258,8 @@ fn parse_heap_header(line: &[u8]) -> Result<(Sampling, i64, bool), LegacyError> 
     if !c.str(6).is_empty() {
         period = parse_int(c.str(6), 10).ok_or(LegacyError::Unrecognized)?;
     }
-    let has_alloc = (c.str(3) != c.str(1) && c.str(3) != b"0")
-        || (c.str(4) != c.str(2) && c.str(4) != b"0");
+    let has_alloc =
+        (c.str(3) != c.str(1) && c.str(3) != b"0") || (c.str(4) != c.str(2) && c.str(4) != b"0");
     match c.str(5) {
         b"heapz_v2" | b"heap_v2" => Ok((Sampling::V2, period, has_alloc)),
         b"heapprofile" => Ok((Sampling::None, 1, has_alloc)),
@@ -596,8 +594,14 @@ mod tests {
 
     #[test]
     fn heap_zero_count_with_bytes_is_an_error() {
-        let r = parse_heap(b"heap profile: 1: 2 [1: 2] @ heap_v2/1\n0: 5 [0: 0] @ 0x1\n", &limits());
-        assert!(matches!(r, Err(LegacyError::ZeroCountWithBytes { line: 2, .. })));
+        let r = parse_heap(
+            b"heap profile: 1: 2 [1: 2] @ heap_v2/1\n0: 5 [0: 0] @ 0x1\n",
+            &limits(),
+        );
+        assert!(matches!(
+            r,
+            Err(LegacyError::ZeroCountWithBytes { line: 2, .. })
+        ));
     }
 
     #[test]
@@ -610,7 +614,8 @@ mod tests {
 
     #[test]
     fn contention_sample_backtracks_like_go() {
-        let (v, a) = parse_contention_sample(b"12345 @ 0x10", 0, 0, 1).unwrap_or_else(|e| panic!("{e}"));
+        let (v, a) =
+            parse_contention_sample(b"12345 @ 0x10", 0, 0, 1).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(v, vec![5, 1234]);
         assert_eq!(a, vec![0x10]);
     }

@@ -1,0 +1,492 @@
+//! Tests against the real kernel: they load the BPF program and sample this
+//! very test process. They need root (or CAP_BPF + CAP_PERFMON) and a kernel
+//! with BTF, and fail with the loader's reason when those are missing: a CI
+//! that cannot load BPF must not pass quietly.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use fathom_agent_ebpf::{Counter, EventKind, parse_event};
+use prometheus_client::registry::Registry;
+
+use crate::bpf::{BpfConfig, Profiler};
+use crate::collector::{Collector, CollectorConfig};
+use crate::metrics::Metrics;
+use crate::pprof::{decode, tests::folded};
+use crate::relabel::Relabeler;
+use crate::symbolize::Symbolizer;
+
+/// The tests that count samples of a workload run one at a time: on a
+/// 2-core machine, parallel CPU-bound workloads starve each other.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn load(hz: u64, exclude_pid: Option<u32>) -> Profiler {
+    match Profiler::load(&BpfConfig {
+        sampling_hz: hz,
+        exclude_pid,
+    }) {
+        Ok(p) => p,
+        Err(e) => panic!(
+            "cannot load the BPF profiler (these tests need root and a kernel with BTF): {e}\n{e:?}"
+        ),
+    }
+}
+
+#[inline(never)]
+fn spin_in_known_function(stop: &AtomicBool) -> u64 {
+    let mut x = 1u64;
+    while !stop.load(Ordering::Relaxed) {
+        for i in 0..10_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    x
+}
+
+#[inline(never)]
+fn syscall_heavy(stop: &AtomicBool) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..1000 {
+            let _ = f.write(&[0u8; 64]);
+        }
+    }
+}
+
+#[test]
+fn bpf_samples_this_process_with_user_and_kernel_stacks() {
+    let _serial = serial();
+    let mut p = load(499, None);
+    assert!(!p.control.attached_cpus().is_empty());
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = [0, 1]
+        .into_iter()
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                if i == 0 {
+                    spin_in_known_function(&stop);
+                } else {
+                    syscall_heavy(&stop);
+                }
+            })
+        })
+        .collect();
+    // A short-lived child, for the exec notification.
+    let child = std::process::Command::new("/bin/true").spawn().unwrap();
+    let child_pid = child.id();
+
+    let mut reg = Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut reg));
+    let mut c = Collector::new(
+        CollectorConfig {
+            node: "test".into(),
+            period_ns: 1_000_000_000 / 499,
+            relabeler: Relabeler::default(),
+        },
+        Symbolizer::read_kallsyms(),
+        metrics.clone(),
+    );
+    let me = std::process::id();
+    let mut mine = 0;
+    let mut exec_seen = false;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        while let Some(item) = p.ring.next() {
+            let ev = parse_event(&item).expect("records from the kernel parse");
+            if ev.header.kind == EventKind::Exec && ev.header.pid == child_pid {
+                exec_seen = true;
+            }
+            if ev.header.pid == me && ev.header.kind == EventKind::Sample {
+                mine += 1;
+                assert_ne!(ev.header.start_time, 0);
+            }
+            c.on_event(&ev);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let _ = child.wait_with_output();
+    assert!(
+        mine > 100,
+        "only {mine} samples of this process at 499 Hz over 3 s"
+    );
+    assert!(
+        exec_seen,
+        "no exec notification for /bin/true (pid {child_pid})"
+    );
+
+    let counters = p.control.read_counters().unwrap();
+    assert!(counters[Counter::Samples.index() as usize] >= mine);
+    assert_eq!(
+        counters[Counter::RingbufFull.index() as usize],
+        0,
+        "ring buffer overflowed"
+    );
+
+    let profiles = c.take_profiles();
+    let ours = profiles
+        .iter()
+        .find(|r| {
+            r.labels
+                .iter()
+                .any(|l| l.name == "pid" && l.value == me.to_string())
+        })
+        .expect("a profile for this process");
+    let prof = decode(&ours.pprof, 1 << 26).unwrap();
+    let stacks = folded(&prof);
+    let total: i64 = stacks.iter().map(|(_, n)| n).sum();
+    let spin: i64 = stacks
+        .iter()
+        .filter(|(s, _)| s.contains("spin_in_known_function"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        spin * 4 > total,
+        "spin function has {spin} of {total} samples: {stacks:#?}"
+    );
+    // Its caller chain is there, root first: the thread's closure calls it.
+    assert!(
+        stacks.iter().any(|(s, _)| s
+            .contains("bpf_samples_this_process_with_user_and_kernel_stacks")
+            && s.ends_with("spin_in_known_function")),
+        "no stack with the test as caller: {stacks:#?}"
+    );
+    // The syscall thread shows kernel frames on top of its user frames.
+    let kernel_names = ["write", "sys_", "entry_SYSCALL", "do_syscall"];
+    assert!(
+        stacks.iter().any(|(s, _)| s.contains("syscall_heavy")
+            && kernel_names.iter().any(|k| s
+                .rsplit(';')
+                .next()
+                .is_some_and(|leaf| leaf.contains(k))
+                || s.contains(k))),
+        "no kernel frames above syscall_heavy: {stacks:#?}"
+    );
+}
+
+#[test]
+fn bpf_excludes_a_process_in_the_kernel() {
+    let _serial = serial();
+    let me = std::process::id();
+    let mut p = load(499, Some(me));
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let t = std::thread::spawn(move || spin_in_known_function(&s2));
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    t.join().unwrap();
+    let mut mine = 0;
+    while let Some(item) = p.ring.next() {
+        let ev = parse_event(&item).unwrap();
+        if ev.header.pid == me && ev.header.kind == EventKind::Sample {
+            mine += 1;
+        }
+    }
+    assert_eq!(mine, 0, "excluded process was sampled");
+    let counters = p.control.read_counters().unwrap();
+    assert!(counters[Counter::Excluded.index() as usize] > 0);
+}
+
+#[test]
+fn cpu_set_can_be_refreshed() {
+    let mut p = load(19, None);
+    let before = p.control.attached_cpus();
+    // No hotplug happened: nothing changes, nothing fails.
+    assert_eq!(p.control.refresh_cpus().unwrap(), (0, 0));
+    assert_eq!(p.control.attached_cpus(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_pushes_cpu_profiles_to_a_push_service() {
+    use crate::ship::tests::{Received, fake_server};
+    let received = Received::default();
+    let addr = fake_server(received.clone()).await;
+    let args = crate::AgentArgs {
+        remote: format!("http://{addr}"),
+        tenant: Some("agent-test".into()),
+        sampling_hz: 199,
+        push_interval: Duration::from_secs(1),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        node: Some("node-a".into()),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let agent = tokio::spawn(crate::run(args, rx));
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let spinner = std::thread::spawn(move || spin_in_known_function(&s2));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
+    tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .expect("agent stops on shutdown")
+        .unwrap()
+        .expect("agent ran without error");
+
+    let me = std::process::id().to_string();
+    let reqs = received.requests.lock();
+    assert!(!reqs.is_empty(), "nothing pushed");
+    assert!(
+        reqs.iter()
+            .all(|(_, md)| md.get("x-scope-orgid").unwrap() == "agent-test")
+    );
+    let mut spin = 0;
+    let mut total = 0;
+    for (profiles, _) in reqs.iter() {
+        for r in profiles {
+            assert_eq!(r.profile_id.len(), 16);
+            let get = |k: &str| {
+                r.labels
+                    .iter()
+                    .find(|l| l.name == k)
+                    .map(|l| l.value.as_str())
+            };
+            assert_eq!(get("__name__"), Some("process_cpu"));
+            assert_eq!(get("node"), Some("node-a"));
+            assert!(get("service_name").is_some() && get("comm").is_some());
+            if get("pid") != Some(me.as_str()) {
+                continue;
+            }
+            let p = decode(&r.pprof, 1 << 26).unwrap();
+            for (s, n) in folded(&p) {
+                total += n;
+                if s.ends_with("spin_in_known_function") || s.contains(";spin_in_known_function;") {
+                    spin += n;
+                }
+            }
+        }
+    }
+    assert!(total > 0, "no profile of this process");
+    assert!(
+        spin > 0,
+        "spin function not in this process's profiles ({total} samples)"
+    );
+}
+
+/// Builds a workload from integration/agent into a temp dir.
+fn build_workload(dir: &std::path::Path, what: &str) -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integration/agent");
+    let (out, status) = match what {
+        "c" => {
+            let out = dir.join("hotc");
+            let s = std::process::Command::new("clang")
+                .args([
+                    "-O2",
+                    "-g",
+                    "-fno-omit-frame-pointer",
+                    "-mno-omit-leaf-frame-pointer",
+                    "-fno-optimize-sibling-calls",
+                ])
+                .arg(src.join("hot.c"))
+                .arg("-o")
+                .arg(&out)
+                .status();
+            (out, s)
+        }
+        "rust" => {
+            let out = dir.join("hotrs");
+            let s = std::process::Command::new("rustc")
+                .args([
+                    "-C",
+                    "force-frame-pointers=yes",
+                    "-C",
+                    "opt-level=2",
+                    "-g",
+                    "--edition",
+                    "2021",
+                ])
+                .arg(src.join("hot.rs"))
+                .arg("-o")
+                .arg(&out)
+                .status();
+            (out, s)
+        }
+        other => panic!("unknown workload {other}"),
+    };
+    assert!(status.unwrap().success(), "building the {what} workload");
+    out
+}
+
+/// Samples the whole host at `hz` while `cmd` runs, and returns the folded
+/// stacks of the child's pid (with the profile's labels).
+fn profile_child(
+    mut cmd: std::process::Command,
+    hz: u64,
+) -> (Vec<(String, i64)>, Vec<(String, String)>) {
+    let _serial = serial();
+    let mut p = load(hz, None);
+    let mut reg = Registry::default();
+    let mut c = Collector::new(
+        CollectorConfig {
+            node: "test".into(),
+            period_ns: 1_000_000_000 / hz,
+            relabeler: Relabeler::default(),
+        },
+        Symbolizer::read_kallsyms(),
+        Arc::new(Metrics::new(&mut reg)),
+    );
+    // Steady state first: the processes already running are discovered in
+    // the first drains, as an agent that has been up for a while has.
+    let warm = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < warm {
+        while let Some(item) = p.ring.next() {
+            c.on_event(&parse_event(&item).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id().to_string();
+    loop {
+        while let Some(item) = p.ring.next() {
+            c.on_event(&parse_event(&item).unwrap());
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Whatever the kernel still holds for it.
+    std::thread::sleep(Duration::from_millis(100));
+    while let Some(item) = p.ring.next() {
+        c.on_event(&parse_event(&item).unwrap());
+    }
+    let profiles = c.take_profiles();
+    let Some(r) = profiles
+        .iter()
+        .find(|r| r.labels.iter().any(|l| l.name == "pid" && l.value == pid))
+    else {
+        return (Vec::new(), Vec::new());
+    };
+    let labels = r
+        .labels
+        .iter()
+        .map(|l| (l.name.clone(), l.value.clone()))
+        .collect();
+    (folded(&decode(&r.pprof, 1 << 26).unwrap()), labels)
+}
+
+fn share(stacks: &[(String, i64)], pred: impl Fn(&str) -> bool) -> (i64, i64) {
+    let total = stacks.iter().map(|(_, n)| n).sum();
+    let hit = stacks.iter().filter(|(s, _)| pred(s)).map(|(_, n)| n).sum();
+    (hit, total)
+}
+
+#[test]
+fn c_workload_hot_function_with_callers_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload(dir.path(), "c");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["cpu", "3"]);
+    let (stacks, labels) = profile_child(cmd, 199);
+    let (hot, total) = share(&stacks, |s| s.ends_with(";hot_function"));
+    assert!(total > 150, "{total} samples: {stacks:#?}");
+    assert!(
+        hot * 100 >= total * 80,
+        "hot_function {hot} of {total}: {stacks:#?}"
+    );
+    let (chain, _) = share(&stacks, |s| {
+        s.contains("main;outer_caller;middle_caller;hot_function")
+    });
+    assert!(
+        chain * 100 >= total * 80,
+        "callers in order in {chain} of {total}: {stacks:#?}"
+    );
+    let get = |k: &str| labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    assert_eq!(get("comm"), Some("hotc"));
+    assert_eq!(get("service_name"), Some("hotc"));
+    assert_eq!(get("executable"), Some(bin.to_str().unwrap()));
+}
+
+#[test]
+fn rust_workload_hot_function_with_callers_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload(dir.path(), "rust");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg("3");
+    let (stacks, _) = profile_child(cmd, 199);
+    // rust_hot on the stack, called by rust_middle; frames inlined into it
+    // (black_box, the range iterator) may follow.
+    let (hot, total) = share(&stacks, |s| s.contains(";hot::rust_middle;hot::rust_hot"));
+    assert!(total > 150, "{total} samples: {stacks:#?}");
+    assert!(
+        hot * 100 >= total * 80,
+        "rust_hot {hot} of {total}: {stacks:#?}"
+    );
+    let (chain, _) = share(&stacks, |s| {
+        s.contains("hot::main;hot::rust_outer;hot::rust_middle;hot::rust_hot")
+    });
+    assert!(
+        chain * 100 >= total * 80,
+        "callers in order in {chain} of {total}: {stacks:#?}"
+    );
+}
+
+#[test]
+fn syscall_workload_shows_kernel_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload(dir.path(), "c");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["syscall", "3"]);
+    let (stacks, _) = profile_child(cmd, 199);
+    // libc's write has no frame pointer, so its caller (syscall_loop) is
+    // skipped by frame-pointer unwinding: main is the frame below it.
+    let (kernel, total) = share(&stacks, |s| {
+        s.contains("main;") && s.contains("entry_SYSCALL_64")
+    });
+    assert!(total > 100, "{total} samples: {stacks:#?}");
+    assert!(
+        kernel * 2 >= total,
+        "kernel frames in {kernel} of {total}: {stacks:#?}"
+    );
+}
+
+#[test]
+fn short_lived_process_is_symbolized() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload(dir.path(), "c");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["cpu", "0.3"]);
+    // The collector only looks at the process after it exited.
+    let (stacks, _) = profile_child(cmd, 199);
+    let (hot, total) = share(&stacks, |s| s.ends_with(";hot_function"));
+    assert!(total > 10, "{total} samples: {stacks:#?}");
+    assert!(
+        hot * 100 >= total * 70,
+        "hot_function {hot} of {total}: {stacks:#?}"
+    );
+}
+
+#[test]
+fn node_jit_frames_come_from_the_perf_map() {
+    let Ok(out) = std::process::Command::new("node").arg("--version").output() else {
+        panic!("node is required for the JIT perf map test (apt-get install nodejs)");
+    };
+    assert!(out.status.success());
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integration/agent/hot.js");
+    let mut cmd = std::process::Command::new("node");
+    cmd.arg("--perf-basic-prof").arg(&script).arg("4");
+    cmd.stdout(std::process::Stdio::null());
+    let (stacks, _) = profile_child(cmd, 199);
+    let (js, total) = share(&stacks, |s| s.contains("hotJsFunction"));
+    assert!(total > 100, "{total} samples: {stacks:#?}");
+    assert!(
+        js * 2 >= total,
+        "hotJsFunction in {js} of {total}: {stacks:#?}"
+    );
+}

@@ -1,0 +1,246 @@
+//! Real profiles in, `go tool pprof`'s answers out: every corpus file with
+//! an expectation, per profile type, from the head and then from blocks
+//! alone after a restart; merges; pprof output round trips.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fathom_integration::{CorpusFile, Fathom, corpus, read_expectation};
+
+const TENANT: Option<&str> = Some("corpus");
+/// A fixed time for every ingested profile: 2024-01-01T00:00:00Z.
+const BASE_S: i64 = 1_704_067_200;
+const START: &str = "2023-12-31T23:00:00Z";
+const END: &str = "2024-01-01T02:00:00Z";
+
+fn with_expectation() -> Vec<CorpusFile> {
+    corpus()
+        .expect("the corpus in ../shared/testdata/pprof")
+        .into_iter()
+        .filter(|c| c.expected.is_some())
+        .collect()
+}
+
+/// The sample-type key of expectation files (`cpu/nanoseconds`) for a
+/// profile type string.
+fn key(profile_type: &str) -> String {
+    let p: Vec<&str> = profile_type.split(':').collect();
+    format!("{}/{}", p[1], p[2])
+}
+
+fn profile_types(f: &Fathom, service: &str) -> Vec<String> {
+    let v = f
+        .get_json(
+            TENANT,
+            "/api/v1/series",
+            &[
+                ("query", &format!("{{service_name=\"{service}\"}}")),
+                ("start", START),
+                ("end", END),
+            ],
+        )
+        .unwrap();
+    let set: BTreeSet<String> = v["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["__profile_type__"].as_str().unwrap().to_owned())
+        .collect();
+    set.into_iter().collect()
+}
+
+/// Compares every profile type of `service` with `expected`; returns the
+/// mismatches as messages.
+fn compare(
+    f: &Fathom,
+    service: &str,
+    expected: &BTreeMap<String, BTreeMap<String, i64>>,
+) -> Vec<String> {
+    let mut errs = Vec::new();
+    let types = profile_types(f, service);
+    let mut seen = BTreeSet::new();
+    for t in &types {
+        let got = f
+            .folded(TENANT, &format!("{t}{{service_name=\"{service}\"}}"), START, END)
+            .unwrap();
+        let k = key(t);
+        let empty = BTreeMap::new();
+        let want = expected.get(&k).unwrap_or(&empty);
+        if &got != want {
+            let only_got: Vec<_> = got.iter().filter(|(s, v)| want.get(*s) != Some(v)).take(3).collect();
+            let only_want: Vec<_> = want.iter().filter(|(s, v)| got.get(*s) != Some(v)).take(3).collect();
+            errs.push(format!(
+                "{service} {t}: {} stacks vs {} expected; got-only {only_got:?}; expected-only {only_want:?}",
+                got.len(),
+                want.len()
+            ));
+        }
+        seen.insert(k);
+    }
+    for (k, stacks) in expected {
+        if !stacks.is_empty() && !seen.contains(k) {
+            errs.push(format!("{service}: no profile type for expected sample type {k}"));
+        }
+    }
+    errs
+}
+
+fn ingest_file(f: &Fathom, service: &str, path: &std::path::Path, from: i64) {
+    let body = std::fs::read(path).unwrap();
+    let from_s = from.to_string();
+    let until_s = (from + 10).to_string();
+    let (status, text) = f
+        .ingest(
+            TENANT,
+            &[("name", service), ("format", "pprof"), ("from", &from_s), ("until", &until_s)],
+            body,
+        )
+        .unwrap();
+    assert_eq!(status, 200, "{}: {text}", path.display());
+}
+
+#[test]
+fn corpus_matches_go_pprof_from_head_and_from_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = Fathom::start(dir.path(), &[]).unwrap();
+    let files = with_expectation();
+    assert!(files.len() >= 160, "corpus has {} files with expectations", files.len());
+    let mut expectations = Vec::new();
+    for (i, c) in files.iter().enumerate() {
+        ingest_file(&f, &format!("corpus{i}"), &c.path, BASE_S);
+        expectations.push(read_expectation(c.expected.as_ref().unwrap()).unwrap());
+    }
+    let check = |f: &Fathom, when: &str| {
+        let mut errs = Vec::new();
+        for (i, c) in files.iter().enumerate() {
+            for e in compare(f, &format!("corpus{i}"), &expectations[i]) {
+                errs.push(format!("{} ({when}): {e}", c.file));
+            }
+        }
+        assert!(errs.is_empty(), "{} mismatches:\n{}", errs.len(), errs.join("\n"));
+    };
+    check(&f, "head");
+
+    // A clean restart flushes the head; the WAL is then empty, so every
+    // answer below comes from blocks alone.
+    f.restart().unwrap();
+    assert_eq!(f.metric("fathom_ingester_wal_replayed_records_total").unwrap(), 0.0);
+    assert!(f.metric("fathom_ingester_profiles_total").unwrap() == 0.0);
+    check(&f, "blocks");
+}
+
+#[test]
+fn ten_consecutive_profiles_merge_to_the_sum_of_their_expectations() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Fathom::start(dir.path(), &[]).unwrap();
+    let many: Vec<CorpusFile> = with_expectation()
+        .into_iter()
+        .filter(|c| c.file.contains("pkg/query/testdata/many/"))
+        .collect();
+    assert_eq!(many.len(), 10);
+    let mut sum: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+    for (k, c) in many.iter().enumerate() {
+        ingest_file(&f, "many", &c.path, BASE_S + 10 * k as i64);
+        for (t, stacks) in read_expectation(c.expected.as_ref().unwrap()).unwrap() {
+            for (s, v) in stacks {
+                *sum.entry(t.clone()).or_default().entry(s).or_default() += v;
+            }
+        }
+    }
+    let errs = compare(&f, "many", &sum);
+    assert!(errs.is_empty(), "{}", errs.join("\n"));
+    // query_range sums the same values per step.
+    let t = &profile_types(&f, "many")[0];
+    let r = f
+        .get_json(
+            TENANT,
+            "/api/v1/query_range",
+            &[
+                ("query", &format!("{t}{{service_name=\"many\"}}")),
+                ("start", START),
+                ("end", END),
+                ("step", "10s"),
+            ],
+        )
+        .unwrap();
+    let series = r["series"].as_array().unwrap();
+    let points: i64 = series
+        .iter()
+        .flat_map(|s| s["points"].as_array().unwrap().iter())
+        .map(|p| p[1].as_i64().unwrap())
+        .sum();
+    let want: i64 = sum.get(&key(t)).map(|m| m.values().sum()).unwrap_or(0);
+    assert_eq!(points, want);
+    let npoints: usize = series.iter().map(|s| s["points"].as_array().unwrap().len()).sum();
+    assert!(npoints >= 10, "ten profiles 10 s apart make ten points, got {npoints}");
+}
+
+#[test]
+fn pprof_output_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Fathom::start(dir.path(), &[]).unwrap();
+    let files: Vec<CorpusFile> = with_expectation()
+        .into_iter()
+        .filter(|c| {
+            ["large.cpu", "go.crc32.cpu", "heap_go_truncated_3.pb.gz", "profile-with-labels.pb.gz", "cppbench.heap"]
+                .iter()
+                .any(|n| c.file.ends_with(n))
+        })
+        .collect();
+    assert!(files.len() >= 5, "{files:?}");
+    let go = std::process::Command::new("go").arg("version").output();
+    assert!(
+        go.as_ref().is_ok_and(|o| o.status.success()),
+        "`go` is required to check pprof output with go tool pprof (apt-get install golang-go): {go:?}"
+    );
+    for (i, c) in files.iter().enumerate() {
+        let svc = format!("rt{i}");
+        ingest_file(&f, &svc, &c.path, BASE_S);
+        let expected = read_expectation(c.expected.as_ref().unwrap()).unwrap();
+        for t in profile_types(&f, &svc) {
+            let (s, body) = f
+                .get(
+                    TENANT,
+                    "/api/v1/query",
+                    &[
+                        ("query", &format!("{t}{{service_name=\"{svc}\"}}")),
+                        ("start", START),
+                        ("end", END),
+                        ("format", "pprof"),
+                    ],
+                )
+                .unwrap();
+            assert_eq!(s, 200);
+            // go tool pprof opens it and agrees on the total.
+            let path = dir.path().join(format!("{svc}.pb.gz"));
+            std::fs::write(&path, &body).unwrap();
+            let out = std::process::Command::new("go")
+                .args(["tool", "pprof", "-raw"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&out.stderr));
+            // Our pprof, ingested again, gives the same folded stacks.
+            let svc2 = format!("rt{i}again");
+            let (st, text) = f
+                .ingest(
+                    TENANT,
+                    &[("name", &svc2), ("format", "pprof"), ("from", &BASE_S.to_string())],
+                    body,
+                )
+                .unwrap();
+            assert_eq!(st, 200, "{text}");
+            let again = f
+                .folded(TENANT, &format!("{t}{{service_name=\"{svc2}\"}}"), START, END)
+                .unwrap();
+            let empty = BTreeMap::new();
+            let want = expected.get(&key(&t)).unwrap_or(&empty);
+            let diff: Vec<_> = again
+                .iter()
+                .filter(|(s, v)| want.get(*s) != Some(v))
+                .chain(want.iter().filter(|(s, v)| again.get(*s) != Some(v)))
+                .take(6)
+                .collect();
+            assert!(diff.is_empty(), "{} {t}: {} vs {} stacks; differing: {diff:?}", c.file, again.len(), want.len());
+        }
+    }
+}
