@@ -79,8 +79,12 @@ pub enum DecodeError {
 ///
 /// - gzip input (magic `1f 8b`) is decompressed, all members, never past
 ///   [`Limits::max_decompressed_bytes`];
-/// - table sizes are checked against `limits` *before* the protobuf is
-///   materialized, so a small hostile input cannot allocate without bound;
+/// - the protobuf is read by a hand-written decoder into the prost types:
+///   a first pass over the top-level framing checks the table sizes against
+///   `limits` before anything is allocated (and gives every table its exact
+///   capacity), and the memory committed while decoding is capped by
+///   [`Limits::max_decoded_bytes`], so a small hostile input cannot
+///   allocate without bound;
 /// - strings that are not valid UTF-8 are decoded leniently: each invalid
 ///   sequence becomes U+FFFD (Go's pprof does not validate UTF-8 at all;
 ///   prost would reject the whole profile);

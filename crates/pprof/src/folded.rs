@@ -36,9 +36,12 @@ pub struct FoldedOptions {
     pub units: Option<String>,
     /// Sampling frequency in Hz for CPU-like profiles (default 100).
     pub sample_rate: Option<u32>,
+    /// How repeated lines of one stack combine (Pyroscope's
+    /// `aggregationType`).
     pub aggregation: Aggregation,
     /// The profile's timestamp; 0 leaves it for the caller to fill.
     pub time_nanos: i64,
+    /// How long the profile covers, in nanoseconds (0 if unknown).
     pub duration_nanos: i64,
     /// Seeds the profile id, like [`crate::NormalizeOptions::profile_id_seed`].
     pub profile_id_seed: Id,

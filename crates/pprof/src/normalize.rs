@@ -56,7 +56,9 @@ impl Default for NormalizeOptions {
 /// Profiles plus the symbols their samples refer to.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Normalized {
+    /// One profile per (profile type, series) with samples.
     pub profiles: Vec<Profile>,
+    /// Every stack, location, function and mapping the samples refer to.
     pub symbols: Symbols,
 }
 

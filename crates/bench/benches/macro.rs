@@ -1,0 +1,288 @@
+//! Macro benchmarks that print the design brief's figures, measured on the
+//! real `fathom all` wiring (in-process server, HTTP clients on loopback):
+//!
+//! 1. single-process ingest: MB/s of uncompressed pprof, acknowledged;
+//! 2. merge latency over one day of one service at 10 s (8,640 profiles
+//!    built from the real corpus), from the head, then from blocks alone
+//!    (cold and warm cache);
+//! 3. bytes per stored (profile, stack, value) row after flush.
+//!
+//! `FATHOM_BENCH_INGEST_SECS` (default 20) sets the ingest run's length.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fathom_bench::{corpus_dir, pprof_files, quantile, uncompressed};
+use fathom_server::{AllConfig, ObjectStoreConfig};
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start(dir: &Path) -> Server {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let cfg = AllConfig {
+        listen: addr,
+        data_dir: dir.to_owned(),
+        store: ObjectStoreConfig::filesystem(),
+        flush_interval: Duration::from_secs(24 * 3600),
+        max_head_bytes: 8 << 30,
+        shutdown_flush_timeout: Duration::from_secs(600),
+        limits: Default::default(),
+        querier: Default::default(),
+        query_threads: 2,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        fathom_server::run_all(cfg, async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("fathom all");
+    });
+    let http = reqwest::Client::new();
+    for _ in 0..600 {
+        if let Ok(r) = http.get(format!("http://{addr}/ready")).send().await {
+            if r.status().is_success() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Server {
+        addr,
+        stop: Some(tx),
+        task,
+    }
+}
+
+impl Server {
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+async fn ingest_bench(dir: &Path) {
+    let files: Vec<Arc<Vec<u8>>> = pprof_files()
+        .into_iter()
+        .map(|(_, b)| Arc::new(uncompressed(&b)))
+        .collect();
+    let secs: u64 = std::env::var("FATHOM_BENCH_INGEST_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let srv = start(dir).await;
+    let bytes = Arc::new(AtomicU64::new(0));
+    let reqs = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..4usize {
+        let files = files.clone();
+        let bytes = bytes.clone();
+        let reqs = reqs.clone();
+        let addr = srv.addr;
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut i = w;
+            while Instant::now() < deadline {
+                let body = files[i % files.len()].clone();
+                let from = (1_700_000_000 + i as i64).to_string();
+                let r = http
+                    .post(format!("http://{addr}/ingest"))
+                    .query(&[("name", "ingest-bench"), ("format", "pprof"), ("from", from.as_str())])
+                    .body(body.as_ref().clone())
+                    .send()
+                    .await
+                    .expect("request");
+                if r.status().is_success() {
+                    bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                    reqs.fetch_add(1, Ordering::Relaxed);
+                }
+                i += 4;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let el = t0.elapsed().as_secs_f64();
+    let mb = bytes.load(Ordering::Relaxed) as f64 / 1e6;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    println!(
+        "figure ingest_single_process: {:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
+        mb / el,
+        mb / el / cores as f64,
+        reqs.load(Ordering::Relaxed)
+    );
+    srv.stop().await;
+}
+
+const DAY: i64 = 8640;
+const PT: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+async fn merge_latency(http: &reqwest::Client, addr: SocketAddr, start: i64, end: i64, runs: usize) -> (Vec<f64>, i64, usize) {
+    let mut lat = Vec::new();
+    let mut total = 0;
+    let mut nodes = 0;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let r = http
+            .get(format!("http://{addr}/api/v1/query"))
+            .query(&[
+                ("query", format!("{PT}{{service_name=\"merge-bench\"}}")),
+                ("start", (start * 1000).to_string()),
+                ("end", (end * 1000).to_string()),
+                ("format", "flamegraph".to_owned()),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+        let v: serde_json::Value = r.json().await.unwrap();
+        lat.push(t.elapsed().as_secs_f64());
+        total = v["value"].as_i64().unwrap_or(0);
+        nodes = count(&v);
+    }
+    (lat, total, nodes)
+}
+
+fn count(v: &serde_json::Value) -> usize {
+    1 + v["children"]
+        .as_array()
+        .map(|c| c.iter().map(count).sum())
+        .unwrap_or(0)
+}
+
+async fn merge_bench(dir: &Path) {
+    // Ten consecutive real CPU profiles of one process, cycled over a day.
+    let many = corpus_dir().join("parca-dev+parca/pkg/query/testdata/many");
+    let mut profiles: Vec<Vec<u8>> = std::fs::read_dir(&many)
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    profiles.sort();
+    let srv = start(dir).await;
+    let base = now_s() - DAY * 10 - 60;
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    let profiles = Arc::new(profiles);
+    for w in 0..4i64 {
+        let profiles = profiles.clone();
+        let addr = srv.addr;
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut i = w;
+            while i < DAY {
+                let from = (base + i * 10).to_string();
+                let until = (base + i * 10 + 10).to_string();
+                let r = http
+                    .post(format!("http://{addr}/ingest"))
+                    .query(&[
+                        ("name", "merge-bench.cpu"),
+                        ("format", "pprof"),
+                        ("from", from.as_str()),
+                        ("until", until.as_str()),
+                    ])
+                    .body(profiles[i as usize % profiles.len()].clone())
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+                i += 4;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    println!("info: ingested {DAY} profiles in {:.1} s", t0.elapsed().as_secs_f64());
+    let http = reqwest::Client::new();
+    let (t_start, t_end) = (base - 1, base + DAY * 10 + 10);
+    let (mut lat, total, nodes) = merge_latency(&http, srv.addr, t_start, t_end, 5).await;
+    println!(
+        "figure merge_day_head: median {:.3} s, max {:.3} s over 5 runs ({DAY} profiles, total {total}, {nodes} flame graph nodes) [target < 1 s]",
+        quantile(&mut lat, 0.5),
+        quantile(&mut lat, 1.0)
+    );
+    srv.stop().await; // flushes the head to a block
+    let srv = start(dir).await; // empty WAL: blocks alone
+    let (mut cold, total2, _) = merge_latency(&http, srv.addr, t_start, t_end, 1).await;
+    let (mut warm, total3, _) = merge_latency(&http, srv.addr, t_start, t_end, 5).await;
+    assert_eq!(total, total2, "blocks answer like the head");
+    assert_eq!(total, total3);
+    println!(
+        "figure merge_day_blocks_cold: {:.3} s (first query after restart: block metadata and symbols not cached) [target < 1 s]",
+        quantile(&mut cold, 0.5)
+    );
+    println!(
+        "figure merge_day_blocks_warm: median {:.3} s over 5 runs [target < 1 s]",
+        quantile(&mut warm, 0.5)
+    );
+    srv.stop().await;
+
+    // Bytes per stored row, from the blocks' meta.json.
+    let (mut samples, mut sample_bytes, mut bytes) = (0u64, 0u64, 0u64);
+    let store = dir.join("store");
+    for tenant in std::fs::read_dir(&store).unwrap() {
+        let blocks = tenant.unwrap().path().join("blocks");
+        for b in std::fs::read_dir(blocks).unwrap() {
+            let meta = b.unwrap().path().join("meta.json");
+            if let Ok(text) = std::fs::read_to_string(meta) {
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                samples += v["stats"]["samples"].as_u64().unwrap();
+                sample_bytes += v["stats"]["sample_bytes"].as_u64().unwrap();
+                bytes += v["stats"]["bytes"].as_u64().unwrap();
+            }
+        }
+    }
+    println!(
+        "figure bytes_per_row: {:.2} bytes per (profile, stack, value) row in samples.parquet; {:.2} with every block file ({samples} rows, {bytes} bytes) [target <= 2 bytes, compacted blocks]",
+        sample_bytes as f64 / samples as f64,
+        bytes as f64 / samples as f64
+    );
+}
+
+fn main() {
+    // `cargo bench` passes --bench; a filter argument selects one part.
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let want = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        if want("ingest") {
+            let d = tempfile::tempdir().unwrap();
+            ingest_bench(d.path()).await;
+        }
+        if want("merge") {
+            let d = tempfile::tempdir().unwrap();
+            merge_bench(d.path()).await;
+        }
+    });
+}
