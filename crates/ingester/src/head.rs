@@ -7,8 +7,9 @@ use arrow::array::RecordBatch;
 use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow, samples_schema};
 use fathom_model::{Id, IngestBatch, Symbols};
 
-/// Sample batches are concatenated when a head holds more than this many.
-const MAX_BATCHES: usize = 64;
+/// Recent small sample batches are concatenated into one chunk when there
+/// are this many, so a head holds few batches without copying old data again.
+const RECENT_BATCHES: usize = 64;
 
 /// One tenant's head.
 #[derive(Default)]
@@ -16,7 +17,10 @@ pub(crate) struct TenantHead {
     pub(crate) series: HashMap<Id, SeriesRow>,
     pub(crate) profiles: Vec<ProfileRow>,
     profile_ids: HashSet<Id>,
+    /// Concatenated chunks of earlier writes.
     pub(crate) samples: Vec<RecordBatch>,
+    /// One batch per recent write.
+    recent: Vec<RecordBatch>,
     pub(crate) symbols: Symbols,
     pub(crate) sample_rows: usize,
     pub(crate) bytes: usize,
@@ -58,10 +62,14 @@ impl TenantHead {
         let before = self.symbols.stacks.len() + self.symbols.locations.len();
         self.symbols.merge(&batch.symbols);
         let new_syms = self.symbols.stacks.len() + self.symbols.locations.len() - before;
-        self.samples.push(b.finish());
-        if self.samples.len() > MAX_BATCHES {
-            if let Ok(all) = arrow::compute::concat_batches(&samples_schema(), &self.samples) {
-                self.samples = vec![all];
+        self.recent.push(b.finish());
+        if self.recent.len() >= RECENT_BATCHES {
+            match arrow::compute::concat_batches(&samples_schema(), &self.recent) {
+                Ok(chunk) => {
+                    self.samples.push(chunk);
+                    self.recent.clear();
+                }
+                Err(e) => tracing::warn!(error = %e, "could not concatenate head batches"),
             }
         }
         self.sample_rows += added;
@@ -79,9 +87,14 @@ impl TenantHead {
             compacted_from: Vec::new(),
             series: self.series.values().cloned().collect(),
             profiles: self.profiles.clone(),
-            samples: self.samples.clone(),
+            samples: self.batches().cloned().collect(),
             symbols: self.symbols.clone(),
         }
+    }
+
+    /// Every sample batch, old chunks first.
+    pub(crate) fn batches(&self) -> impl Iterator<Item = &RecordBatch> {
+        self.samples.iter().chain(self.recent.iter())
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -111,6 +124,6 @@ impl HeadSnapshot {
                 .filter(|p| p.time_nanos >= start && p.time_nanos <= end)
                 .cloned(),
         );
-        self.samples.extend(h.samples.iter().cloned());
+        self.samples.extend(h.batches().cloned());
     }
 }

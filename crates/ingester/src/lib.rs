@@ -340,3 +340,208 @@ fn decode_record(rec: &[u8]) -> Result<IngestBatch, Error> {
     let req = WriteRequest::decode(rec).map_err(|e| Error::Record(e.to_string()))?;
     IngestBatch::try_from(req).map_err(|e| Error::Record(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fathom_block::MemoryIndex;
+    use fathom_model::*;
+    use object_store::memory::InMemory;
+
+    fn batch(tenant: &str, seed: u64, value: i64) -> IngestBatch {
+        let mut symbols = Symbols::default();
+        let f = symbols.add_function(Function {
+            name: "main".into(),
+            ..Default::default()
+        });
+        let l = symbols.add_location(Location {
+            address: 1,
+            lines: vec![Line { function: f, line: 1 }],
+            ..Default::default()
+        });
+        let st = symbols.add_stack(Stack { locations: vec![l] });
+        IngestBatch {
+            tenant: TenantId::new(tenant).unwrap(),
+            profiles: vec![Profile {
+                id: IdHasher::new("test").u64(seed).finish(),
+                profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".parse().unwrap(),
+                labels: Labels::from_pairs([("service_name", "svc")]).unwrap(),
+                time_nanos: 1_000 + seed as i64,
+                duration_nanos: 10,
+                period: 1,
+                samples: vec![Sample { stack: st, value }],
+            }],
+            symbols,
+        }
+    }
+
+    fn open(dir: &std::path::Path, store: Arc<InMemory>, index: Arc<MemoryIndex>) -> Arc<Ingester> {
+        Ingester::open(
+            Config {
+                data_dir: dir.to_owned(),
+                name: "test".into(),
+                flush_interval: Duration::from_secs(3600),
+                max_head_bytes: 1 << 30,
+            },
+            store,
+            index,
+            &mut Registry::default(),
+        )
+        .unwrap()
+    }
+
+    fn total(s: &HeadSnapshot) -> i64 {
+        use arrow::array::AsArray;
+        s.samples
+            .iter()
+            .map(|b| {
+                b.column(4)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .values()
+                    .iter()
+                    .sum::<i64>()
+            })
+            .sum()
+    }
+
+    #[tokio::test]
+    async fn replay_flush_and_idempotence() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(InMemory::new());
+        let index = Arc::new(MemoryIndex::default());
+        let t = TenantId::new("t1").unwrap();
+        {
+            let ing = open(dir.path(), store.clone(), index.clone());
+            assert_eq!(ing.write(&batch("t1", 1, 5)).await.unwrap(), 1);
+            assert_eq!(ing.write(&batch("t1", 2, 7)).await.unwrap(), 1);
+            // The same profile id again is a no-op.
+            assert_eq!(ing.write(&batch("t1", 2, 7)).await.unwrap(), 0);
+            assert_eq!(ing.write(&batch("t2", 3, 100)).await.unwrap(), 1);
+            assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 12);
+            // Tenants never see each other's heads.
+            assert_eq!(total(&ing.snapshot(&TenantId::new("t2").unwrap(), 0, i64::MAX)), 100);
+            // Time ranges filter profiles and series.
+            assert_eq!(ing.snapshot(&t, 0, 1001).profiles.len(), 1);
+        }
+        // Crash (no flush): the WAL brings everything back.
+        let ing = open(dir.path(), store.clone(), index.clone());
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 12);
+        assert_eq!(ing.snapshot(&t, 0, i64::MAX).profiles.len(), 2);
+
+        let blocks = ing.flush(None).await.unwrap();
+        assert_eq!(blocks.len(), 2, "one block per tenant");
+        assert!(ing.snapshot(&t, 0, i64::MAX).profiles.is_empty());
+        let metas = index.blocks("t1", 0, i64::MAX).await;
+        assert_eq!(metas.len(), 1);
+        assert_eq!(metas[0].stats.samples, 2);
+        assert_eq!((metas[0].min_time_nanos, metas[0].max_time_nanos), (1001, 1002));
+        drop(ing);
+        // After a flush the WAL is empty.
+        let ing = open(dir.path(), store, index);
+        assert!(ing.snapshot(&t, 0, i64::MAX).profiles.is_empty());
+    }
+
+    #[tokio::test]
+    async fn failed_upload_keeps_data_queryable_and_in_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(InMemory::new());
+        let index = Arc::new(MemoryIndex::default());
+        let t = TenantId::new("t1").unwrap();
+        let ing = Ingester::open(
+            Config {
+                data_dir: dir.path().to_owned(),
+                name: "test".into(),
+                flush_interval: Duration::from_secs(3600),
+                max_head_bytes: 1 << 30,
+            },
+            Arc::new(ReadOnly(store.clone())),
+            index.clone(),
+            &mut Registry::default(),
+        )
+        .unwrap();
+        ing.write(&batch("t1", 1, 5)).await.unwrap();
+        let err = ing
+            .flush(Some(Instant::now() + Duration::from_millis(300)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        // Still queryable from the frozen head, nothing registered.
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
+        assert!(index.blocks("t1", 0, i64::MAX).await.is_empty());
+        drop(ing);
+        // And still in the WAL: a restart with a working store flushes it.
+        let ing = open(dir.path(), store, index.clone());
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
+        assert_eq!(ing.flush(None).await.unwrap().len(), 1);
+        assert_eq!(index.blocks("t1", 0, i64::MAX).await.len(), 1);
+    }
+
+    /// An object store whose writes fail.
+    #[derive(Debug)]
+    struct ReadOnly(Arc<InMemory>);
+
+    impl std::fmt::Display for ReadOnly {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("read-only")
+        }
+    }
+
+    fn refused() -> object_store::Error {
+        object_store::Error::Generic {
+            store: "read-only",
+            source: "the store is down".into(),
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for ReadOnly {
+        async fn put_opts(
+            &self,
+            _: &object_store::path::Path,
+            _: object_store::PutPayload,
+            _: object_store::PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            Err(refused())
+        }
+        async fn put_multipart_opts(
+            &self,
+            _: &object_store::path::Path,
+            _: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            Err(refused())
+        }
+        async fn get_opts(
+            &self,
+            l: &object_store::path::Path,
+            o: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            self.0.get_opts(l, o).await
+        }
+        fn delete_stream(
+            &self,
+            l: futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+            self.0.delete_stream(l)
+        }
+        fn list(
+            &self,
+            p: Option<&object_store::path::Path>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+            self.0.list(p)
+        }
+        async fn list_with_delimiter(
+            &self,
+            p: Option<&object_store::path::Path>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.0.list_with_delimiter(p).await
+        }
+        async fn copy_opts(
+            &self,
+            _: &object_store::path::Path,
+            _: &object_store::path::Path,
+            _: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            Err(refused())
+        }
+    }
+}
