@@ -104,7 +104,11 @@ struct AllArgs {
     #[arg(long, env = "FATHOM_MAX_LABEL_VALUE_LENGTH", default_value_t = 1024)]
     max_label_value_length: usize,
     /// Most samples in one profile.
-    #[arg(long, env = "FATHOM_MAX_SAMPLES_PER_PROFILE", default_value_t = 500_000)]
+    #[arg(
+        long,
+        env = "FATHOM_MAX_SAMPLES_PER_PROFILE",
+        default_value_t = 500_000
+    )]
     max_samples_per_profile: usize,
     /// Longest query range.
     #[arg(long, env = "FATHOM_MAX_QUERY_RANGE", default_value = "31d", value_parser = parse_duration)]

@@ -12,7 +12,12 @@ fn help_lists_flags_with_env_vars() {
     let out = fathom().args(["all", "--help"]).output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for flag in ["--listen", "--data-dir", "--flush-interval", "--max-body-size"] {
+    for flag in [
+        "--listen",
+        "--data-dir",
+        "--flush-interval",
+        "--max-body-size",
+    ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
     assert!(help.contains("FATHOM_LISTEN") && help.contains("FATHOM_DATA_DIR"));
@@ -33,7 +38,11 @@ fn bad_flag_values_are_refused_with_a_reason() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8(out.stderr).unwrap().contains("not a duration"));
+    assert!(
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .contains("not a duration")
+    );
 }
 
 #[test]

@@ -71,7 +71,10 @@ impl Fathom {
         std::fs::create_dir_all(&self.data_dir)?;
         let bin = fathom_bin();
         if !bin.exists() {
-            bail!("{} is missing: build it with cargo build -p fathom", bin.display());
+            bail!(
+                "{} is missing: build it with cargo build -p fathom",
+                bin.display()
+            );
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -180,7 +183,12 @@ impl Fathom {
     }
 
     /// GET with query parameters; returns (status, body).
-    pub fn get(&self, tenant: Option<&str>, path: &str, query: &[(&str, &str)]) -> Result<(u16, Vec<u8>)> {
+    pub fn get(
+        &self,
+        tenant: Option<&str>,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<(u16, Vec<u8>)> {
         let mut rb = self.http.get(self.url(path)).query(query);
         if let Some(t) = tenant {
             rb = rb.header("X-Scope-OrgID", t);
@@ -190,7 +198,12 @@ impl Fathom {
     }
 
     /// GET that must succeed, as JSON.
-    pub fn get_json(&self, tenant: Option<&str>, path: &str, query: &[(&str, &str)]) -> Result<serde_json::Value> {
+    pub fn get_json(
+        &self,
+        tenant: Option<&str>,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<serde_json::Value> {
         let (s, b) = self.get(tenant, path, query)?;
         if s != 200 {
             bail!("GET {path} {query:?}: {s}: {}", String::from_utf8_lossy(&b));
@@ -199,11 +212,22 @@ impl Fathom {
     }
 
     /// A merged profile in folded form: stack → value.
-    pub fn folded(&self, tenant: Option<&str>, query: &str, start: &str, end: &str) -> Result<BTreeMap<String, i64>> {
+    pub fn folded(
+        &self,
+        tenant: Option<&str>,
+        query: &str,
+        start: &str,
+        end: &str,
+    ) -> Result<BTreeMap<String, i64>> {
         let (s, b) = self.get(
             tenant,
             "/api/v1/query",
-            &[("query", query), ("start", start), ("end", end), ("format", "folded")],
+            &[
+                ("query", query),
+                ("start", start),
+                ("end", end),
+                ("format", "folded"),
+            ],
         )?;
         if s != 200 {
             bail!("query {query}: {s}: {}", String::from_utf8_lossy(&b));
@@ -253,13 +277,17 @@ pub fn read_expectation(path: &Path) -> Result<BTreeMap<String, BTreeMap<String,
     for line in text.lines().filter(|l| !l.is_empty()) {
         // Function names may hold tabs: the type is the first field and the
         // value the last.
-        let (Some((t, rest)), true) = (line.split_once('\t'), line.matches('\t').count() >= 2) else {
+        let (Some((t, rest)), true) = (line.split_once('\t'), line.matches('\t').count() >= 2)
+        else {
             bail!("bad expectation line {line:?} in {}", path.display());
         };
         let Some((stack, v)) = rest.rsplit_once('\t') else {
             bail!("bad expectation line {line:?} in {}", path.display());
         };
-        *out.entry(t.to_owned()).or_default().entry(stack.to_owned()).or_insert(0) += v.parse::<i64>()?;
+        *out.entry(t.to_owned())
+            .or_default()
+            .entry(stack.to_owned())
+            .or_insert(0) += v.parse::<i64>()?;
     }
     Ok(out)
 }
@@ -278,9 +306,16 @@ pub fn corpus() -> Result<Vec<CorpusFile>> {
     let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv"))
         .with_context(|| format!("reading {}/MANIFEST.tsv", dir.display()))?;
     let mut lines = manifest.lines();
-    let header: Vec<&str> = lines.next().context("empty manifest")?.split('\t').collect();
+    let header: Vec<&str> = lines
+        .next()
+        .context("empty manifest")?
+        .split('\t')
+        .collect();
     let col = |name: &str| header.iter().position(|h| *h == name);
-    let (fi, ei) = (col("file").context("file column")?, col("expected").context("expected column")?);
+    let (fi, ei) = (
+        col("file").context("file column")?,
+        col("expected").context("expected column")?,
+    );
     let mut out = Vec::new();
     for l in lines {
         let f: Vec<&str> = l.split('\t').collect();

@@ -53,6 +53,8 @@ pub(crate) struct CollectorConfig {
     pub(crate) node: String,
     pub(crate) period_ns: u64,
     pub(crate) relabeler: Relabeler,
+    /// Files above this size are symbolized without DWARF.
+    pub(crate) dwarf_max_file_size: u64,
 }
 
 struct Process {
@@ -105,9 +107,9 @@ pub(crate) struct Collector {
 impl Collector {
     pub(crate) fn new(cfg: CollectorConfig, kallsyms: SymbolTable, metrics: Arc<Metrics>) -> Self {
         Collector {
+            sym: Symbolizer::new(kallsyms, cfg.dwarf_max_file_size),
             cfg,
             proc: Proc::default(),
-            sym: Symbolizer::new(kallsyms),
             processes: HashMap::new(),
             aggregates: HashMap::new(),
             unknown: HashMap::new(),
@@ -508,6 +510,7 @@ mod tests {
                 node: "n1".into(),
                 period_ns: 52_631_578,
                 relabeler: Relabeler::from_yaml(relabel).unwrap(),
+                dwarf_max_file_size: crate::symbolize::DEFAULT_DWARF_MAX,
             },
             SymbolTable::parse_kallsyms(
                 "ffffffff81000000 T entry_SYSCALL_64\nffffffff81000100 T do_sys_write\n".as_bytes(),

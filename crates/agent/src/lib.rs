@@ -117,6 +117,17 @@ pub struct AgentArgs {
     #[arg(long, env = "FATHOM_AGENT_RELABEL_CONFIG")]
     pub relabel_config: Option<PathBuf>,
 
+    /// Binaries larger than this (e.g. 64MiB) are symbolized from their ELF
+    /// symbol tables only, without DWARF (no inlined frames or line numbers):
+    /// parsing the DWARF of a huge debug build costs more memory than the
+    /// agent should use. 0 turns DWARF off.
+    #[arg(
+        long,
+        env = "FATHOM_AGENT_DWARF_MAX_FILE_SIZE",
+        default_value = "64MiB"
+    )]
+    pub dwarf_max_file_size: bytesize::ByteSize,
+
     /// Do not profile the agent's own process (it is profiled like any other
     /// by default).
     #[arg(long, env = "FATHOM_AGENT_EXCLUDE_SELF")]
@@ -161,6 +172,7 @@ impl Default for AgentArgs {
             max_buffer: bytesize::ByteSize::mib(16),
             node: None,
             relabel_config: None,
+            dwarf_max_file_size: bytesize::ByteSize::b(symbolize::DEFAULT_DWARF_MAX),
             exclude_self: false,
             no_cpu_profiling: false,
             scrape_config: None,
@@ -251,6 +263,7 @@ pub async fn run_with_registry(
                 node: node.clone(),
                 period_ns: 1_000_000_000 / args.sampling_hz.max(1),
                 relabeler,
+                dwarf_max_file_size: args.dwarf_max_file_size.as_u64(),
             },
             push_interval: args.push_interval,
         };

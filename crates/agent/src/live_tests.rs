@@ -92,6 +92,7 @@ fn bpf_samples_this_process_with_user_and_kernel_stacks() {
             node: "test".into(),
             period_ns: 1_000_000_000 / 499,
             relabeler: Relabeler::default(),
+            dwarf_max_file_size: crate::symbolize::DEFAULT_DWARF_MAX,
         },
         Symbolizer::read_kallsyms(),
         metrics.clone(),
@@ -232,7 +233,7 @@ async fn run_pushes_cpu_profiles_to_a_push_service() {
     stop.store(true, Ordering::Relaxed);
     spinner.join().unwrap();
     tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(20), agent)
+    tokio::time::timeout(Duration::from_secs(60), agent)
         .await
         .expect("agent stops on shutdown")
         .unwrap()
@@ -336,6 +337,7 @@ fn profile_child(
             node: "test".into(),
             period_ns: 1_000_000_000 / hz,
             relabeler: Relabeler::default(),
+            dwarf_max_file_size: crate::symbolize::DEFAULT_DWARF_MAX,
         },
         Symbolizer::read_kallsyms(),
         Arc::new(Metrics::new(&mut reg)),

@@ -286,7 +286,7 @@ pub(crate) mod tests {
             "ffffffff81000000 T do_syscall_64\nffffffff81001000 T ksys_write\n".as_bytes(),
         )
         .unwrap();
-        let mut sym = Symbolizer::new(k);
+        let mut sym = Symbolizer::new(k, crate::symbolize::DEFAULT_DWARF_MAX);
         let kid = sym.kernel().id;
         let anon = sym.unknown("[anon]");
         let stack = [

@@ -32,6 +32,11 @@ use blazesym::symbolize::{FindSymOpts, Symbolize, TranslateFileOffset};
 
 use crate::symtab::SymbolTable;
 
+/// Files above this size are symbolized from their ELF symbols only: parsing
+/// the DWARF of a huge (debug) binary costs more memory than the agent's
+/// whole budget.
+pub(crate) const DEFAULT_DWARF_MAX: u64 = 64 << 20;
+
 /// Push intervals after which unused objects and cached addresses are dropped.
 const EVICT_AFTER: u64 = 6;
 
@@ -62,38 +67,58 @@ enum ElfSource {
     Held(fs::File),
 }
 
-/// An ELF file, parsed on first use: discovery (on the path of a new
-/// process) only opens it and reads its build id; symbol tables, DWARF and
-/// separate debug files are loaded when a frame first needs them.
+impl ElfSource {
+    /// A path blazesym can open: stable for as long as the source lives.
+    fn path(&self) -> PathBuf {
+        match self {
+            ElfSource::Path(p) => p.clone(),
+            ElfSource::Held(f) => {
+                use std::os::fd::AsRawFd;
+                PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
+            }
+        }
+    }
+}
+
+/// An ELF file, parsed only while frames need it: discovery (on the path of
+/// a new process) only opens it and reads its build id; symbol tables, DWARF
+/// and separate debug files are loaded when a frame first needs them, and
+/// dropped after a push interval that did not need them (symbolized
+/// addresses stay cached), so the agent does not keep binaries mapped and
+/// parsed once their hot addresses are known.
 #[derive(Debug)]
 struct ElfFile {
-    source: RefCell<Option<ElfSource>>,
-    resolver: std::cell::OnceCell<Option<ElfResolver>>,
+    source: ElfSource,
+    /// Large files are read through their ELF symbols only (no DWARF).
+    dwarf: bool,
+    /// `None`: not open; `Some(None)`: unparsable.
+    resolver: RefCell<Option<Option<Rc<ElfResolver>>>>,
+    /// Whether a frame needed the parsed file in this interval.
+    used: Cell<bool>,
 }
 
 impl ElfFile {
-    fn resolver(&self, name: &str) -> Option<&ElfResolver> {
-        self.resolver
-            .get_or_init(|| {
-                let source = self.source.borrow_mut().take()?;
-                let opened = match &source {
-                    ElfSource::Path(p) => ElfResolver::open(p),
-                    ElfSource::Held(f) => {
-                        use std::os::fd::AsRawFd;
-                        // The mmap taken here keeps the file; the handle
-                        // is closed when `source` drops below.
-                        ElfResolver::open(format!("/proc/self/fd/{}", f.as_raw_fd()))
-                    }
-                };
-                match opened {
-                    Ok(r) => Some(r),
-                    Err(error) => {
-                        tracing::debug!(path = name, %error, "cannot parse ELF file");
-                        None
-                    }
-                }
-            })
-            .as_ref()
+    fn resolver(&self, name: &str) -> Option<Rc<ElfResolver>> {
+        self.used.set(true);
+        if let Some(r) = &*self.resolver.borrow() {
+            return r.clone();
+        }
+        let r = match ElfResolver::open(self.source.path()) {
+            Ok(r) => Some(Rc::new(r)),
+            Err(error) => {
+                tracing::debug!(path = name, %error, "cannot parse ELF file");
+                None
+            }
+        };
+        *self.resolver.borrow_mut() = Some(r.clone());
+        r
+    }
+
+    /// Drops the parsed file unless the interval that ends needed it.
+    fn end_interval(&self) {
+        if !self.used.replace(false) {
+            self.resolver.borrow_mut().take();
+        }
     }
 }
 
@@ -160,6 +185,13 @@ pub(crate) struct Symbolizer {
     /// Push intervals so far; the clock for eviction.
     interval: u64,
     strings: HashMap<Rc<str>, ()>,
+    /// Files above this size are symbolized from ELF symbols only.
+    dwarf_max_file_size: u64,
+    /// Symbol-table-only symbolization (no DWARF) for large files.
+    elf_only: blazesym::symbolize::Symbolizer,
+    /// Paths `elf_only` holds parsed, and whether this interval used them;
+    /// unused ones are released at its end.
+    elf_only_paths: HashMap<PathBuf, bool>,
 }
 
 fn demangle(name: &str) -> String {
@@ -178,8 +210,15 @@ fn demangle(name: &str) -> String {
 impl Symbolizer {
     /// A symbolizer with the given kernel symbols (empty: kernel frames stay
     /// unsymbolized).
-    pub(crate) fn new(kallsyms: SymbolTable) -> Self {
+    pub(crate) fn new(kallsyms: SymbolTable, dwarf_max_file_size: u64) -> Self {
         let mut s = Symbolizer {
+            dwarf_max_file_size,
+            elf_only: blazesym::symbolize::Symbolizer::builder()
+                .enable_code_info(false)
+                .enable_inlined_fns(false)
+                .enable_auto_reload(false)
+                .build(),
+            elf_only_paths: HashMap::new(),
             objects: HashMap::new(),
             by_file: HashMap::new(),
             by_build_id: HashMap::new(),
@@ -324,9 +363,12 @@ impl Symbolizer {
             self.by_file.insert(key, o.id);
             return o;
         }
+        let size = meta.as_ref().map_or(0, |m| m.size());
         let file = ElfFile {
-            source: RefCell::new(Some(source)),
-            resolver: std::cell::OnceCell::new(),
+            source,
+            dwarf: size <= self.dwarf_max_file_size,
+            resolver: RefCell::new(None),
+            used: Cell::new(false),
         };
         let o = self.add(shown.to_owned(), build_id.clone(), Kind::Elf(Some(file)));
         self.by_file.insert(key, o.id);
@@ -390,6 +432,25 @@ impl Symbolizer {
             Kind::Vdso => vec![self.line("[vdso]", "", None)],
             Kind::Truncated => vec![self.line("[unknown]", "", None)],
             Kind::Unknown | Kind::Elf(None) => Vec::new(),
+            Kind::Elf(Some(f)) if !f.dwarf => {
+                use blazesym::symbolize::source::{Elf, Source};
+                use blazesym::symbolize::{Input, Symbolized};
+                let path = f.source.path();
+                let mut elf = Elf::new(path.clone());
+                elf.debug_syms = false;
+                self.elf_only_paths.insert(path, true);
+                let name = match self
+                    .elf_only
+                    .symbolize(&Source::Elf(elf), Input::FileOffset(&[addr]))
+                {
+                    Ok(mut v) => match v.pop() {
+                        Some(Symbolized::Sym(sym)) => demangle(&sym.name),
+                        _ => return Vec::new(),
+                    },
+                    Err(_) => return Vec::new(),
+                };
+                vec![self.line(&name, "", None)]
+            }
             Kind::Elf(Some(f)) => {
                 let Some(r) = f.resolver(&o.name) else {
                     return Vec::new();
@@ -432,6 +493,25 @@ impl Symbolizer {
     /// and cached addresses unused for a while. Objects still referenced
     /// elsewhere (a live process maps them) are kept.
     pub(crate) fn end_interval(&mut self) {
+        // Parsed files this interval did not need go; what they resolved
+        // stays in the address caches.
+        for o in self.objects.values() {
+            if let Kind::Elf(Some(f)) = &o.kind {
+                f.end_interval();
+            }
+        }
+        let mut unused = Vec::new();
+        self.elf_only_paths.retain(|path, used| {
+            if !std::mem::replace(used, false) {
+                unused.push(path.clone());
+                return false;
+            }
+            true
+        });
+        for path in unused {
+            use blazesym::symbolize::evict::{Elf, Evict};
+            let _ = self.elf_only.evict(&Evict::Elf(Elf::new(path)));
+        }
         self.interval += 1;
         let now = self.interval;
         let stale = |used: u64| now.saturating_sub(used) > EVICT_AFTER;
@@ -541,7 +621,7 @@ mod tests {
         let Backing::File { path, dev, inode } = &m.backing else {
             panic!("own code not file-backed: {m:?}");
         };
-        let mut s = Symbolizer::new(SymbolTable::default());
+        let mut s = Symbolizer::new(SymbolTable::default(), DEFAULT_DWARF_MAX);
         let o = s.elf(pid, path, *dev, *inode, m.start, m.end);
         assert!(!o.build_id.is_empty(), "rustc emits a build id");
         // Same file again: same object.
@@ -583,7 +663,7 @@ mod tests {
 
     #[test]
     fn missing_file_keeps_an_object() {
-        let mut s = Symbolizer::new(SymbolTable::default());
+        let mut s = Symbolizer::new(SymbolTable::default(), DEFAULT_DWARF_MAX);
         let o = s.elf(std::process::id(), "/nonexistent/bin", 1, 2, 0x1000, 0x2000);
         assert_eq!(o.name, "/nonexistent/bin");
         assert!(s.lines(o.id, 0x10).is_empty());
@@ -593,7 +673,7 @@ mod tests {
     fn kernel_and_perf_map_and_eviction() {
         let k =
             SymbolTable::parse_kallsyms("ffffffff81000000 T start_kernel\n".as_bytes()).unwrap();
-        let mut s = Symbolizer::new(k);
+        let mut s = Symbolizer::new(k, DEFAULT_DWARF_MAX);
         let kid = s.kernel().id;
         assert_eq!(
             &*s.lines(kid, 0xffffffff81000010)[0].function,

@@ -75,7 +75,11 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing_error(&self);
         }
-        (status, Json(serde_json::json!({ "error": self.to_string() }))).into_response()
+        (
+            status,
+            Json(serde_json::json!({ "error": self.to_string() })),
+        )
+            .into_response()
     }
 }
 

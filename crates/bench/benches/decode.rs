@@ -37,7 +37,11 @@ fn bench(c: &mut Criterion) {
     if let Some((_, big)) = files.iter().max_by_key(|f| f.1.len()) {
         g.throughput(Throughput::Bytes(big.len() as u64));
         g.bench_function("decode_normalize_largest", |b| {
-            b.iter(|| decode(big, &limits).ok().and_then(|p| normalize(&p, &opts).ok()))
+            b.iter(|| {
+                decode(big, &limits)
+                    .ok()
+                    .and_then(|p| normalize(&p, &opts).ok())
+            })
         });
     }
     g.finish();

@@ -113,7 +113,11 @@ async fn ingest_bench(dir: &Path) {
                 let from = (1_700_000_000 + i as i64).to_string();
                 let r = http
                     .post(format!("http://{addr}/ingest"))
-                    .query(&[("name", "ingest-bench"), ("format", "pprof"), ("from", from.as_str())])
+                    .query(&[
+                        ("name", "ingest-bench"),
+                        ("format", "pprof"),
+                        ("from", from.as_str()),
+                    ])
                     .body(body.as_ref().clone())
                     .send()
                     .await
@@ -131,7 +135,9 @@ async fn ingest_bench(dir: &Path) {
     }
     let el = t0.elapsed().as_secs_f64();
     let mb = bytes.load(Ordering::Relaxed) as f64 / 1e6;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     println!(
         "figure ingest_single_process: {:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
         mb / el,
@@ -144,7 +150,13 @@ async fn ingest_bench(dir: &Path) {
 const DAY: i64 = 8640;
 const PT: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
-async fn merge_latency(http: &reqwest::Client, addr: SocketAddr, start: i64, end: i64, runs: usize) -> (Vec<f64>, i64, usize) {
+async fn merge_latency(
+    http: &reqwest::Client,
+    addr: SocketAddr,
+    start: i64,
+    end: i64,
+    runs: usize,
+) -> (Vec<f64>, i64, usize) {
     let mut lat = Vec::new();
     let mut total = 0;
     let mut nodes = 0;
@@ -219,7 +231,10 @@ async fn merge_bench(dir: &Path) {
     for t in tasks {
         t.await.unwrap();
     }
-    println!("info: ingested {DAY} profiles in {:.1} s", t0.elapsed().as_secs_f64());
+    println!(
+        "info: ingested {DAY} profiles in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
     let http = reqwest::Client::new();
     let (t_start, t_end) = (base - 1, base + DAY * 10 + 10);
     let (mut lat, total, nodes) = merge_latency(&http, srv.addr, t_start, t_end, 5).await;

@@ -33,7 +33,9 @@ impl MemoryIndex {
         {
             let mut m = idx.by_tenant.write();
             for b in blocks {
-                m.entry(b.tenant.clone()).or_default().insert(b.id.clone(), b);
+                m.entry(b.tenant.clone())
+                    .or_default()
+                    .insert(b.id.clone(), b);
             }
         }
         idx

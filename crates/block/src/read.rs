@@ -5,8 +5,8 @@ use arrow::array::{
 use arrow::datatypes::Int64Type;
 use bytes::Bytes;
 use fathom_model::{Function, Id, Labels, Line, Location, Mapping, Stack, Symbols};
-use object_store::ObjectStoreExt;
 use object_store::ObjectStore;
+use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -21,10 +21,7 @@ pub async fn read_meta(
     tenant: &str,
     block_id: &str,
 ) -> Result<Option<BlockMeta>> {
-    let bytes = match store
-        .get(&block_file(tenant, block_id, files::META))
-        .await
-    {
+    let bytes = match store.get(&block_file(tenant, block_id, files::META)).await {
         Ok(r) => r.bytes().await?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),

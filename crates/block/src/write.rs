@@ -1,9 +1,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayBuilder,
-    ArrayRef, FixedSizeBinaryBuilder, Int64Array, Int64Builder, ListBuilder, RecordBatch,
-    StringArray, UInt64Array,
+    ArrayBuilder, ArrayRef, FixedSizeBinaryBuilder, Int64Array, Int64Builder, ListBuilder,
+    RecordBatch, StringArray, UInt64Array,
 };
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
@@ -11,8 +10,8 @@ use fathom_model::{Id, Profile, SERVICE_NAME, Symbols};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::metadata::SortingColumn;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 use crate::meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 use crate::schema::*;
@@ -184,12 +183,18 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
         vec![
             ids(profiles.iter().map(|p| &p.profile_id)),
             ids(profiles.iter().map(|p| &p.series_id)),
-            Arc::new(Int64Array::from_iter_values(profiles.iter().map(|p| p.time_nanos))),
+            Arc::new(Int64Array::from_iter_values(
+                profiles.iter().map(|p| p.time_nanos),
+            )),
             Arc::new(Int64Array::from_iter_values(
                 profiles.iter().map(|p| p.duration_nanos),
             )),
-            Arc::new(Int64Array::from_iter_values(profiles.iter().map(|p| p.period))),
-            Arc::new(UInt64Array::from_iter_values(profiles.iter().map(|p| p.samples))),
+            Arc::new(Int64Array::from_iter_values(
+                profiles.iter().map(|p| p.period),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                profiles.iter().map(|p| p.samples),
+            )),
         ],
     )?;
 
@@ -259,7 +264,9 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
         vec![
             ids(loc_ids.iter().copied()),
             ids(locs.iter().map(|l| &l.mapping)),
-            Arc::new(UInt64Array::from_iter_values(locs.iter().map(|l| l.address))),
+            Arc::new(UInt64Array::from_iter_values(
+                locs.iter().map(|l| l.address),
+            )),
             id_lists(
                 locs.iter()
                     .map(|l| l.lines.iter().map(|x| &x.function).collect()),
@@ -278,7 +285,9 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
             strings(fns.iter().map(|f| f.name.as_str())),
             strings(fns.iter().map(|f| f.system_name.as_str())),
             strings(fns.iter().map(|f| f.filename.as_str())),
-            Arc::new(Int64Array::from_iter_values(fns.iter().map(|f| f.start_line))),
+            Arc::new(Int64Array::from_iter_values(
+                fns.iter().map(|f| f.start_line),
+            )),
         ],
     )?;
 
@@ -289,9 +298,15 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
         mappings_schema(),
         vec![
             ids(m_ids.iter().copied()),
-            Arc::new(UInt64Array::from_iter_values(ms.iter().map(|m| m.memory_start))),
-            Arc::new(UInt64Array::from_iter_values(ms.iter().map(|m| m.memory_limit))),
-            Arc::new(UInt64Array::from_iter_values(ms.iter().map(|m| m.file_offset))),
+            Arc::new(UInt64Array::from_iter_values(
+                ms.iter().map(|m| m.memory_start),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                ms.iter().map(|m| m.memory_limit),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                ms.iter().map(|m| m.file_offset),
+            )),
             strings(ms.iter().map(|m| m.filename.as_str())),
             strings(ms.iter().map(|m| m.build_id.as_str())),
         ],

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use fathom_block::*;
 use fathom_model::*;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::memory::InMemory;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 fn symbols_and_stacks() -> (Symbols, Vec<Id>) {
     let mut s = Symbols::default();
@@ -57,7 +57,9 @@ fn symbols_and_stacks() -> (Symbols, Vec<Id>) {
 async fn block_round_trip() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let (symbols, stacks) = symbols_and_stacks();
-    let pt: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds".parse().unwrap();
+    let pt: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+        .parse()
+        .unwrap();
     let labels = Labels::from_pairs([("service_name", "api"), ("env", "prod")]).unwrap();
     let mut b = SamplesBuilder::default();
     let mut profiles = Vec::new();

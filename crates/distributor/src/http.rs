@@ -9,11 +9,11 @@
 use std::collections::HashMap;
 use std::io::Read;
 
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, header};
 use axum::routing::post;
-use axum::Json;
 use fathom_api::{ApiError, now_nanos, tenant_from_headers};
 use fathom_model::{Labels, SERVICE_NAME, TenantId, valid_label_name};
 use serde_json::json;
@@ -62,9 +62,9 @@ pub(crate) fn parse_app_name(s: &str) -> Result<AppName, ApiError> {
     let (head, body) = match s.find('{') {
         Some(i) => {
             let rest = &s[i + 1..];
-            let body = rest
-                .strip_suffix('}')
-                .ok_or_else(|| ApiError::bad_request(format!("name {s:?}: missing closing '}}'")))?;
+            let body = rest.strip_suffix('}').ok_or_else(|| {
+                ApiError::bad_request(format!("name {s:?}: missing closing '}}'"))
+            })?;
             (&s[..i], Some(body))
         }
         None => (s, None),
@@ -103,7 +103,8 @@ pub(crate) fn parse_app_name(s: &str) -> Result<AppName, ApiError> {
             pairs.push((k.to_owned(), v.to_owned()));
         }
     }
-    let labels = Labels::from_pairs(pairs).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
+    let labels =
+        Labels::from_pairs(pairs).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
     Ok(AppName {
         service: service.to_owned(),
         kind,
@@ -147,10 +148,9 @@ pub(crate) fn gunzip_bounded(b: &[u8], limit: usize) -> Result<Vec<u8>, ApiError
 /// A Pyroscope time: unix seconds (milliseconds or nanoseconds when the
 /// number is too large to be seconds), as nanoseconds.
 fn pyroscope_time(name: &str, s: &str) -> Result<i64, ApiError> {
-    let v: i64 = s
-        .trim()
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("{name} {s:?} is not a unix time in seconds")))?;
+    let v: i64 = s.trim().parse().map_err(|_| {
+        ApiError::bad_request(format!("{name} {s:?} is not a unix time in seconds"))
+    })?;
     let nanos = if v < 0 {
         return Err(ApiError::bad_request(format!("{name} {s:?} is negative")));
     } else if v < 100_000_000_000 {
@@ -196,7 +196,9 @@ async fn body_bytes(d: &Distributor, headers: &HeaderMap, req: Request) -> Resul
                     .map_err(|e| ApiError::bad_request(format!("multipart part 'profile': {e}")));
             }
         }
-        return Err(ApiError::bad_request("multipart body has no 'profile' part"));
+        return Err(ApiError::bad_request(
+            "multipart body has no 'profile' part",
+        ));
     }
     axum::body::to_bytes(req.into_body(), d.limits.max_body_bytes)
         .await
@@ -215,9 +217,9 @@ async fn ingest_inner(
     req: Request,
 ) -> Result<(usize, usize), ApiError> {
     let tenant: TenantId = tenant_from_headers(headers)?;
-    let name = p
-        .get("name")
-        .ok_or_else(|| ApiError::bad_request("the name parameter is required, e.g. name=myapp.cpu{env=prod}"))?;
+    let name = p.get("name").ok_or_else(|| {
+        ApiError::bad_request("the name parameter is required, e.g. name=myapp.cpu{env=prod}")
+    })?;
     let app = parse_app_name(name)?;
     let format = p.get("format").map(String::as_str).unwrap_or("folded");
     if !matches!(format, "pprof" | "folded") {
@@ -225,8 +227,14 @@ async fn ingest_inner(
             "format {format:?} is not supported; use pprof or folded"
         )));
     }
-    let from = p.get("from").map(|s| pyroscope_time("from", s)).transpose()?;
-    let until = p.get("until").map(|s| pyroscope_time("until", s)).transpose()?;
+    let from = p
+        .get("from")
+        .map(|s| pyroscope_time("from", s))
+        .transpose()?;
+    let until = p
+        .get("until")
+        .map(|s| pyroscope_time("until", s))
+        .transpose()?;
     if let (Some(f), Some(u)) = (from, until) {
         if u < f {
             return Err(ApiError::bad_request("until is before from"));
@@ -253,7 +261,12 @@ async fn ingest_inner(
     };
     let seed = request_seed(
         &tenant,
-        &[name, format, p.get("from").map(String::as_str).unwrap_or(""), p.get("until").map(String::as_str).unwrap_or("")],
+        &[
+            name,
+            format,
+            p.get("from").map(String::as_str).unwrap_or(""),
+            p.get("until").map(String::as_str).unwrap_or(""),
+        ],
         &Labels::new(),
         &body,
     );
@@ -268,10 +281,9 @@ async fn ingest_inner(
     let sample_rate = p
         .get("sampleRate")
         .map(|s| {
-            s.parse::<u32>()
-                .ok()
-                .filter(|v| *v > 0)
-                .ok_or_else(|| ApiError::bad_request(format!("sampleRate {s:?} is not a positive integer")))
+            s.parse::<u32>().ok().filter(|v| *v > 0).ok_or_else(|| {
+                ApiError::bad_request(format!("sampleRate {s:?} is not a positive integer"))
+            })
         })
         .transpose()?;
     let aggregation = match p.get("aggregationType").map(String::as_str) {
@@ -284,42 +296,43 @@ async fn ingest_inner(
         }
     };
     let is_pprof = format == "pprof";
-    let normalized = tokio::task::spawn_blocking(move || -> Result<fathom_pprof::Normalized, ApiError> {
-        if is_pprof {
-            let prof = fathom_pprof::decode(&body, &plimits)
-                .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))?;
-            fathom_pprof::normalize(
-                &prof,
-                &fathom_pprof::NormalizeOptions {
-                    labels,
-                    name_hint: kind,
-                    time_nanos_override: from,
-                    duration_nanos_override: duration,
-                    profile_id_seed: seed,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))
-        } else {
-            fathom_pprof::parse_folded(
-                &body,
-                &fathom_pprof::FoldedOptions {
-                    labels,
-                    name_hint: kind,
-                    units,
-                    sample_rate,
-                    aggregation,
-                    time_nanos: from.unwrap_or(0),
-                    duration_nanos: duration.unwrap_or(0),
-                    profile_id_seed: seed,
-                },
-                &plimits,
-            )
-            .map_err(|e| ApiError::bad_request(format!("invalid folded profile: {e}")))
-        }
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
+    let normalized =
+        tokio::task::spawn_blocking(move || -> Result<fathom_pprof::Normalized, ApiError> {
+            if is_pprof {
+                let prof = fathom_pprof::decode(&body, &plimits)
+                    .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))?;
+                fathom_pprof::normalize(
+                    &prof,
+                    &fathom_pprof::NormalizeOptions {
+                        labels,
+                        name_hint: kind,
+                        time_nanos_override: from,
+                        duration_nanos_override: duration,
+                        profile_id_seed: seed,
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))
+            } else {
+                fathom_pprof::parse_folded(
+                    &body,
+                    &fathom_pprof::FoldedOptions {
+                        labels,
+                        name_hint: kind,
+                        units,
+                        sample_rate,
+                        aggregation,
+                        time_nanos: from.unwrap_or(0),
+                        duration_nanos: duration.unwrap_or(0),
+                        profile_id_seed: seed,
+                    },
+                    &plimits,
+                )
+                .map_err(|e| ApiError::bad_request(format!("invalid folded profile: {e}")))
+            }
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
     let batch = fathom_model::IngestBatch {
         tenant,
         profiles: normalized.profiles,
@@ -362,7 +375,10 @@ mod tests {
     #[test]
     fn times() {
         assert_eq!(pyroscope_time("from", "10").unwrap(), 10_000_000_000);
-        assert_eq!(pyroscope_time("from", "1700000000000").unwrap(), 1_700_000_000_000_000_000);
+        assert_eq!(
+            pyroscope_time("from", "1700000000000").unwrap(),
+            1_700_000_000_000_000_000
+        );
         assert!(pyroscope_time("from", "-1").is_err());
         assert!(pyroscope_time("from", "abc").is_err());
     }

@@ -112,7 +112,11 @@ impl Distributor {
             "Write requests by protocol and outcome",
             metrics.requests.clone(),
         );
-        r.register("received_bytes", "Request bytes received, as sent", metrics.bytes.clone());
+        r.register(
+            "received_bytes",
+            "Request bytes received, as sent",
+            metrics.bytes.clone(),
+        );
         r.register("profiles", "Profiles accepted", metrics.profiles.clone());
         r.register("samples", "Samples accepted", metrics.samples.clone());
         Distributor {
@@ -138,7 +142,11 @@ impl Distributor {
 
     /// Checks every profile's labels and sample count, fills a missing
     /// time with `now`, and writes the batch.
-    pub async fn accept(&self, mut batch: IngestBatch, now_nanos: i64) -> Result<(usize, usize), ApiError> {
+    pub async fn accept(
+        &self,
+        mut batch: IngestBatch,
+        now_nanos: i64,
+    ) -> Result<(usize, usize), ApiError> {
         let l = &self.limits;
         for p in &mut batch.profiles {
             p.labels

@@ -47,8 +47,10 @@ impl PushServer {
             let mut profiles = Vec::new();
             let mut symbols = Symbols::default();
             for (i, raw) in req.profiles.iter().enumerate() {
-                let labels = Labels::from_pairs(raw.labels.iter().map(|l| (l.name.clone(), l.value.clone())))
-                    .map_err(|e| ApiError::bad_request(format!("profile {i}: labels: {e}")))?;
+                let labels = Labels::from_pairs(
+                    raw.labels.iter().map(|l| (l.name.clone(), l.value.clone())),
+                )
+                .map_err(|e| ApiError::bad_request(format!("profile {i}: labels: {e}")))?;
                 let seed = if raw.profile_id.is_empty() {
                     request_seed(&t2, &["push"], &labels, &raw.pprof)
                 } else {
@@ -60,10 +62,13 @@ impl PushServer {
                     })?
                 };
                 if raw.pprof.is_empty() {
-                    return Err(ApiError::bad_request(format!("profile {i}: pprof is empty")));
+                    return Err(ApiError::bad_request(format!(
+                        "profile {i}: pprof is empty"
+                    )));
                 }
-                let prof = fathom_pprof::decode(&raw.pprof, &plimits)
-                    .map_err(|e| ApiError::bad_request(format!("profile {i}: invalid pprof: {e}")))?;
+                let prof = fathom_pprof::decode(&raw.pprof, &plimits).map_err(|e| {
+                    ApiError::bad_request(format!("profile {i}: invalid pprof: {e}"))
+                })?;
                 let n = fathom_pprof::normalize(
                     &prof,
                     &fathom_pprof::NormalizeOptions {

@@ -122,34 +122,61 @@ impl Ingester {
     ) -> Result<Arc<Self>, Error> {
         let m = Metrics::default();
         let r = registry.sub_registry_with_prefix("fathom_ingester");
-        r.register("wal_bytes", "Bytes appended to the WAL", m.wal.bytes.clone());
-        r.register("wal_records", "Records appended to the WAL", m.wal.records.clone());
-        r.register("wal_fsyncs", "WAL group commits (one fsync each)", m.wal.fsyncs.clone());
+        r.register(
+            "wal_bytes",
+            "Bytes appended to the WAL",
+            m.wal.bytes.clone(),
+        );
+        r.register(
+            "wal_records",
+            "Records appended to the WAL",
+            m.wal.records.clone(),
+        );
+        r.register(
+            "wal_fsyncs",
+            "WAL group commits (one fsync each)",
+            m.wal.fsyncs.clone(),
+        );
         r.register("profiles", "Profiles added to heads", m.profiles.clone());
         r.register("samples", "Sample rows added to heads", m.samples.clone());
         r.register("blocks_flushed", "Blocks cut and stored", m.blocks.clone());
-        r.register("block_bytes", "Bytes of stored blocks", m.block_bytes.clone());
+        r.register(
+            "block_bytes",
+            "Bytes of stored blocks",
+            m.block_bytes.clone(),
+        );
         r.register(
             "block_upload_failures",
             "Failed block uploads (retried)",
             m.upload_failures.clone(),
         );
-        r.register("head_bytes", "Estimated bytes held in heads", m.head_bytes.clone());
-        r.register("wal_replayed_records", "WAL records replayed at start", m.replayed.clone());
+        r.register(
+            "head_bytes",
+            "Estimated bytes held in heads",
+            m.head_bytes.clone(),
+        );
+        r.register(
+            "wal_replayed_records",
+            "WAL records replayed at start",
+            m.replayed.clone(),
+        );
 
         let mut state = State::default();
         let mut bad = 0usize;
-        let (wal, replayed) = Wal::open(&cfg.data_dir.join("wal"), m.wal.clone(), |rec| {
-            match decode_record(rec) {
-                Ok(batch) => {
-                    let h = state.active.entry(batch.tenant.to_string()).or_default();
-                    let before = h.bytes;
-                    h.apply(&batch);
-                    state.active_bytes += h.bytes - before;
-                }
-                Err(_) => bad += 1,
-            }
-        })?;
+        let (wal, replayed) =
+            Wal::open(
+                &cfg.data_dir.join("wal"),
+                m.wal.clone(),
+                |rec| match decode_record(rec) {
+                    Ok(batch) => {
+                        let h = state.active.entry(batch.tenant.to_string()).or_default();
+                        let before = h.bytes;
+                        h.apply(&batch);
+                        state.active_bytes += h.bytes - before;
+                    }
+                    Err(_) => bad += 1,
+                },
+            )?;
         if bad > 0 {
             tracing::error!(records = bad, "skipped undecodable wal records");
         }
@@ -207,11 +234,11 @@ impl Ingester {
     pub fn symbols(&self, tenant: &TenantId, stacks: &[Id]) -> Symbols {
         let st = self.state.read();
         let mut out = Symbols::default();
-        let heads = st
-            .active
-            .get(tenant.as_str())
-            .into_iter()
-            .chain(st.pending.iter().filter_map(|p| p.heads.get(tenant.as_str())));
+        let heads = st.active.get(tenant.as_str()).into_iter().chain(
+            st.pending
+                .iter()
+                .filter_map(|p| p.heads.get(tenant.as_str())),
+        );
         for h in heads {
             out.merge(&h.symbols.subset(stacks));
         }
@@ -255,7 +282,9 @@ impl Ingester {
                     .front()
                     .map(|p| (p.wal_segment, p.heads.clone(), p.done.clone()))
             };
-            let Some((seg, heads, done)) = next else { break };
+            let Some((seg, heads, done)) = next else {
+                break;
+            };
             for (tenant, head) in heads.iter() {
                 if head.is_empty() || done.contains(tenant) {
                     continue;
@@ -270,9 +299,7 @@ impl Ingester {
             let removed = self.wal.remove_before(seg)?;
             tracing::debug!(segments = removed, "dropped flushed wal segments");
         }
-        self.m
-            .head_bytes
-            .set(self.state.read().active_bytes as i64);
+        self.m.head_bytes.set(self.state.read().active_bytes as i64);
         Ok(written)
     }
 
@@ -356,7 +383,10 @@ mod tests {
         });
         let l = symbols.add_location(Location {
             address: 1,
-            lines: vec![Line { function: f, line: 1 }],
+            lines: vec![Line {
+                function: f,
+                line: 1,
+            }],
             ..Default::default()
         });
         let st = symbols.add_stack(Stack { locations: vec![l] });
@@ -364,7 +394,9 @@ mod tests {
             tenant: TenantId::new(tenant).unwrap(),
             profiles: vec![Profile {
                 id: IdHasher::new("test").u64(seed).finish(),
-                profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".parse().unwrap(),
+                profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+                    .parse()
+                    .unwrap(),
                 labels: Labels::from_pairs([("service_name", "svc")]).unwrap(),
                 time_nanos: 1_000 + seed as i64,
                 duration_nanos: 10,
@@ -419,7 +451,10 @@ mod tests {
             assert_eq!(ing.write(&batch("t2", 3, 100)).await.unwrap(), 1);
             assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 12);
             // Tenants never see each other's heads.
-            assert_eq!(total(&ing.snapshot(&TenantId::new("t2").unwrap(), 0, i64::MAX)), 100);
+            assert_eq!(
+                total(&ing.snapshot(&TenantId::new("t2").unwrap(), 0, i64::MAX)),
+                100
+            );
             // Time ranges filter profiles and series.
             assert_eq!(ing.snapshot(&t, 0, 1001).profiles.len(), 1);
         }
@@ -434,7 +469,10 @@ mod tests {
         let metas = index.blocks("t1", 0, i64::MAX).await;
         assert_eq!(metas.len(), 1);
         assert_eq!(metas[0].stats.samples, 2);
-        assert_eq!((metas[0].min_time_nanos, metas[0].max_time_nanos), (1001, 1002));
+        assert_eq!(
+            (metas[0].min_time_nanos, metas[0].max_time_nanos),
+            (1001, 1002)
+        );
         drop(ing);
         // After a flush the WAL is empty.
         let ing = open(dir.path(), store, index);
@@ -520,13 +558,15 @@ mod tests {
         fn delete_stream(
             &self,
             l: futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>,
-        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>
+        {
             self.0.delete_stream(l)
         }
         fn list(
             &self,
             p: Option<&object_store::path::Path>,
-        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
             self.0.list(p)
         }
         async fn list_with_delimiter(

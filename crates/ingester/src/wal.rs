@@ -126,7 +126,9 @@ impl Wal {
     /// appended before this call is in a segment numbered below the answer.
     pub(crate) async fn rotate(&self) -> Result<u64, WalError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::Rotate(tx)).map_err(|_| WalError::Closed)?;
+        self.tx
+            .send(Cmd::Rotate(tx))
+            .map_err(|_| WalError::Closed)?;
         rx.await.map_err(|_| WalError::Closed)?
     }
 
@@ -162,11 +164,17 @@ fn create_segment(dir: &Path, n: u64) -> Result<File, WalError> {
         .open(&p)
         .map_err(io(&p))?;
     // Make the new file's directory entry durable too.
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
     Ok(f)
 }
 
-fn replay_segment(path: &Path, last: bool, apply: &mut impl FnMut(&[u8])) -> Result<usize, WalError> {
+fn replay_segment(
+    path: &Path,
+    last: bool,
+    apply: &mut impl FnMut(&[u8]),
+) -> Result<usize, WalError> {
     let f = File::open(path).map_err(io(path))?;
     let len = f.metadata().map_err(io(path))?.len();
     let mut r = BufReader::new(f);
@@ -210,7 +218,10 @@ fn replay_segment(path: &Path, last: bool, apply: &mut impl FnMut(&[u8])) -> Res
             Some(e) if last => {
                 // A crash mid-append: the unacknowledged tail is dropped.
                 tracing::warn!(error = %e, "truncating torn wal tail");
-                let f = OpenOptions::new().write(true).open(path).map_err(io(path))?;
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(io(path))?;
                 f.set_len(offset).map_err(io(path))?;
                 f.sync_all().map_err(io(path))?;
                 return Ok(n);
@@ -241,11 +252,12 @@ fn writer(dir: PathBuf, mut seg: u64, mut file: File, rx: mpsc::Receiver<Cmd>, m
                     pending.push(done);
                 }
                 Cmd::Rotate(done) => {
-                    let r = commit(&dir, seg, &mut file, &mut buf, &mut pending, &m).and_then(|()| {
-                        seg += 1;
-                        file = create_segment(&dir, seg)?;
-                        Ok(seg)
-                    });
+                    let r =
+                        commit(&dir, seg, &mut file, &mut buf, &mut pending, &m).and_then(|()| {
+                            seg += 1;
+                            file = create_segment(&dir, seg)?;
+                            Ok(seg)
+                        });
                     let _ = done.send(r);
                 }
             }
@@ -311,9 +323,13 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(50));
 
         let mut got = Vec::new();
-        let (wal, n) = Wal::open(dir.path(), WalMetrics::default(), |r| got.push(r.to_vec())).unwrap();
+        let (wal, n) =
+            Wal::open(dir.path(), WalMetrics::default(), |r| got.push(r.to_vec())).unwrap();
         assert_eq!(n, 3);
-        assert_eq!(got, vec![b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
+        assert_eq!(
+            got,
+            vec![b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]
+        );
         // Dropping old segments keeps only what is newer.
         let cut = wal.rotate().await.unwrap();
         wal.remove_before(cut).unwrap();
@@ -337,7 +353,9 @@ mod tests {
         bytes[last] ^= 0xff;
         fs::write(&p, bytes).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let err = Wal::open(dir.path(), WalMetrics::default(), |_| {}).err().unwrap();
+        let err = Wal::open(dir.path(), WalMetrics::default(), |_| {})
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("checksum"), "{err}");
     }
 }

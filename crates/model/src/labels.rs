@@ -14,9 +14,17 @@ pub enum LabelError {
     #[error("label name {name:?} appears twice")]
     Duplicate { name: String },
     #[error("label name {name:?} is {len} bytes long; the limit is {limit}")]
-    NameTooLong { name: String, len: usize, limit: usize },
+    NameTooLong {
+        name: String,
+        len: usize,
+        limit: usize,
+    },
     #[error("value of label {name:?} is {len} bytes long; the limit is {limit}")]
-    ValueTooLong { name: String, len: usize, limit: usize },
+    ValueTooLong {
+        name: String,
+        len: usize,
+        limit: usize,
+    },
     #[error("the series has {count} labels; the limit is {limit}")]
     TooMany { count: usize, limit: usize },
 }

@@ -135,7 +135,11 @@ impl Selector {
 
     /// Whether a series of this profile type and labels matches.
     pub fn matches(&self, profile_type: &ProfileType, labels: &Labels) -> bool {
-        if self.profile_type.as_ref().is_some_and(|t| t != profile_type) {
+        if self
+            .profile_type
+            .as_ref()
+            .is_some_and(|t| t != profile_type)
+        {
             return false;
         }
         self.matches_labels(labels)

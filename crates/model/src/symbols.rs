@@ -65,7 +65,9 @@ pub struct Location {
 impl Location {
     pub fn id(&self) -> Id {
         let mut h = IdHasher::new("location");
-        h.id(&self.mapping).u64(self.address).u64(self.lines.len() as u64);
+        h.id(&self.mapping)
+            .u64(self.address)
+            .u64(self.lines.len() as u64);
         for l in &self.lines {
             h.id(&l.function).i64(l.line);
         }
@@ -145,6 +147,11 @@ impl Symbols {
     /// functions expanded (caller before callee). A location without lines
     /// prints as its address, `0x<hex>`. Unknown ids print as `?`.
     pub fn frames(&self, stack: &Id) -> Vec<String> {
+        self.frames_by(stack, |f| f.name.clone())
+    }
+
+    /// [`Symbols::frames`] with each function's name chosen by `name`.
+    pub fn frames_by(&self, stack: &Id, name: impl Fn(&Function) -> String) -> Vec<String> {
         let mut out = Vec::new();
         let Some(s) = self.stacks.get(stack) else {
             out.push("?".to_owned());
@@ -156,12 +163,12 @@ impl Symbols {
                 Some(loc) if loc.lines.is_empty() => out.push(format!("0x{:x}", loc.address)),
                 Some(loc) => {
                     for line in loc.lines.iter().rev() {
-                        let name = self
-                            .functions
-                            .get(&line.function)
-                            .map(|f| f.name.clone())
-                            .unwrap_or_else(|| "?".to_owned());
-                        out.push(name);
+                        out.push(
+                            self.functions
+                                .get(&line.function)
+                                .map(&name)
+                                .unwrap_or_else(|| "?".to_owned()),
+                        );
                     }
                 }
             }
@@ -196,7 +203,9 @@ impl Symbols {
                 }
                 for line in &loc.lines {
                     if let Some(f) = self.functions.get(&line.function) {
-                        out.functions.entry(line.function).or_insert_with(|| f.clone());
+                        out.functions
+                            .entry(line.function)
+                            .or_insert_with(|| f.clone());
                     }
                 }
                 out.locations.insert(*lid, loc.clone());

@@ -85,9 +85,8 @@ pub enum DecodeError {
 ///   capacity), and the memory committed while decoding is capped by
 ///   [`Limits::max_decoded_bytes`], so a small hostile input cannot
 ///   allocate without bound;
-/// - strings that are not valid UTF-8 are decoded leniently: each invalid
-///   sequence becomes U+FFFD (Go's pprof does not validate UTF-8 at all;
-///   prost would reject the whole profile);
+/// - a string that is not valid UTF-8 refuses the profile (an error that
+///   names the byte offset): names are stored and served as UTF-8;
 /// - if the bytes are not a valid protobuf profile, the legacy parsers are
 ///   tried in Go's order;
 /// - the result is validated: string indices in range, string_table[0]
@@ -447,15 +446,15 @@ mod tests {
     }
 
     #[test]
-    fn invalid_utf8_is_repaired() {
+    fn invalid_utf8_is_refused() {
         let mut raw = tiny().encode_to_vec();
         let at = raw
             .windows(4)
             .position(|w| w == b"main")
             .expect("string present");
         raw[at] = 0xff;
-        let p = decode(&raw, &Limits::default()).expect("decodes leniently");
-        assert_eq!(p.string_table[3], "\u{fffd}ain");
+        let err = decode(&raw, &Limits::default()).expect_err("invalid UTF-8");
+        assert!(err.to_string().contains("UTF-8"), "{err}");
     }
 
     #[test]

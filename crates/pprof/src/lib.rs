@@ -79,7 +79,7 @@ pub use folded::{
 pub use legacy::LegacyError;
 pub use normalize::{
     DEFAULT_MAX_SERIES, IGNORED_SAMPLE_LABELS, NormalizeError, NormalizeOptions, Normalized,
-    go_pprof_display_name, normalize, profile_type, sanitize_label_name,
+    display_name, go_pprof_display_name, normalize, profile_type, sanitize_label_name,
 };
 
 /// Size limits for untrusted input. Every limit is checked before the

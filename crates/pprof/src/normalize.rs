@@ -245,6 +245,17 @@ fn profile_name(sample_type: &str, period_type: &str, hint: Option<&str>) -> Str
     }
 }
 
+/// The name a function is shown under in folded, top and flame graph
+/// output: what `go tool pprof` displays (see [`go_pprof_display_name`],
+/// applied when the name equals the system name, as pprof does).
+pub fn display_name(f: &fathom_model::Function) -> String {
+    if f.name == f.system_name {
+        go_pprof_display_name(&f.name).into_owned()
+    } else {
+        f.name.clone()
+    }
+}
+
 /// The name `go tool pprof` displays for a function whose name equals its
 /// system name (its default `demangleFunctionNames` heuristics): a name
 /// that looks like demangled C++ — it contains `<`, `>`, `[`, `]` or `::`,

@@ -3,9 +3,8 @@
 //! It fills the prost-generated types, but decodes faster than prost:
 //! a pre-scan counts the repeated fields (so [`Limits`](crate::Limits)
 //! apply before anything is allocated and every vector gets its exact
-//! capacity), packed fields are sized from their payload, and strings that
-//! are not valid UTF-8 are repaired (each invalid sequence becomes U+FFFD)
-//! instead of failing the whole profile. Like Go's decoder and prost, it
+//! capacity), packed fields are sized from their payload,  and a string that
+//! is not valid UTF-8 makes the message malformed. Like Go's decoder and prost, it
 //! accepts packed and unpacked repeated scalars, skips unknown fields and
 //! merges repeated occurrences of a message field; groups are refused.
 
@@ -396,11 +395,12 @@ fn function(b: &[u8]) -> Result<pprof::Function, Bad> {
     Ok(x)
 }
 
-fn string(b: &[u8]) -> String {
-    match std::str::from_utf8(b) {
-        Ok(s) => s.to_owned(),
-        Err(_) => String::from_utf8_lossy(b).into_owned(),
-    }
+/// A string-table entry; invalid UTF-8 is refused (`at` is the entry's
+/// offset in the message, for the error).
+fn string(b: &[u8], at: usize) -> Result<String, Bad> {
+    std::str::from_utf8(b)
+        .map(str::to_owned)
+        .map_err(|_| bad("string table entry is not valid UTF-8", 6, at))
 }
 
 /// Decodes a profile whose framing [`prescan`] accepted, with `counts`
@@ -460,7 +460,8 @@ pub(crate) fn decode_profile(
             6 => {
                 want(&f, 2)?;
                 budget.take(f.payload.len())?;
-                p.string_table.push(string(f.payload));
+                let at = (f.payload.as_ptr() as usize).saturating_sub(b.as_ptr() as usize);
+                p.string_table.push(string(f.payload, at)?);
             }
             7 => p.drop_frames = int(&f)?,
             8 => p.keep_frames = int(&f)?,

@@ -417,15 +417,9 @@ fn files_without_expectations_have_documented_results() {
             }
         );
         if row.file.ends_with("invalid_utf8.pb.gz") {
-            // Decoded leniently: invalid UTF-8 becomes U+FFFD.
-            let n = result.expect("invalid UTF-8 is repaired");
-            assert!(!n.profiles.is_empty());
-            assert!(
-                n.symbols
-                    .functions
-                    .values()
-                    .any(|f| f.name.contains('\u{fffd}'))
-            );
+            // Refused: names are stored and served as UTF-8.
+            let e = result.expect_err("invalid UTF-8 is refused");
+            assert!(e.contains("UTF-8"), "{e}");
         } else if let Err(e) = result {
             assert!(!e.is_empty());
         }

@@ -35,7 +35,10 @@ impl Metrics {
         let m = Metrics {
             queries: Counter::default(),
             duration: Histogram::new(
-                [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0].into_iter(),
+                [
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ]
+                .into_iter(),
             ),
             cache_hits: Counter::default(),
             cache_misses: Counter::default(),
@@ -213,7 +216,12 @@ impl Querier {
         }
         for b in blocks {
             let info = self.block_info(&b).await?;
-            add(&mut plan, SourceKind::Block(b), &info.series, &info.profiles);
+            add(
+                &mut plan,
+                SourceKind::Block(b),
+                &info.series,
+                &info.profiles,
+            );
         }
         Ok(plan)
     }
@@ -253,11 +261,11 @@ impl Querier {
             let mut pred = col("time_nanos")
                 .gt_eq(lit(start))
                 .and(col("time_nanos").lt_eq(lit(end)));
-            pred = pred.and(col("series_id").in_list(src.series.iter().map(id_lit).collect(), false));
+            pred =
+                pred.and(col("series_id").in_list(src.series.iter().map(id_lit).collect(), false));
             if !src.exclude.is_empty() {
-                pred = pred.and(
-                    col("profile_id").in_list(src.exclude.iter().map(id_lit).collect(), true),
-                );
+                pred = pred
+                    .and(col("profile_id").in_list(src.exclude.iter().map(id_lit).collect(), true));
             }
             let df = df.filter(pred)?;
             out = Some(match out {
@@ -308,7 +316,10 @@ impl Querier {
             let mut samples = Vec::new();
             if let Some((_ctx, df)) = this.frame(&plan, start, end).await? {
                 let batches = df
-                    .aggregate(vec![col("stack_id")], vec![sum(col("value")).alias("value")])?
+                    .aggregate(
+                        vec![col("stack_id")],
+                        vec![sum(col("value")).alias("value")],
+                    )?
                     .collect()
                     .await?;
                 for b in &batches {
@@ -418,8 +429,12 @@ impl Querier {
                     let buckets = b.column(1).as_primitive::<Int64Type>();
                     let vals = b.column(2).as_primitive::<Int64Type>();
                     for i in 0..b.num_rows() {
-                        let Some(sid) = Id::from_slice(ids.value(i)) else { continue };
-                        let Some(s) = plan.series.get(&sid) else { continue };
+                        let Some(sid) = Id::from_slice(ids.value(i)) else {
+                            continue;
+                        };
+                        let Some(s) = plan.series.get(&sid) else {
+                            continue;
+                        };
                         let labels = if group_by.is_empty() {
                             s.labels.clone()
                         } else {

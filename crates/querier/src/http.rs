@@ -37,11 +37,15 @@ struct Range {
 fn range(q: &Querier, p: &HashMap<String, String>, s: &str, e: &str) -> Result<Range, ApiError> {
     let now = now_nanos();
     let end = match p.get(e) {
-        Some(v) => parse_time(v, now).map_err(|err| ApiError::bad_request(format!("{e}: {err}")))?,
+        Some(v) => {
+            parse_time(v, now).map_err(|err| ApiError::bad_request(format!("{e}: {err}")))?
+        }
         None => now,
     };
     let start = match p.get(s) {
-        Some(v) => parse_time(v, now).map_err(|err| ApiError::bad_request(format!("{s}: {err}")))?,
+        Some(v) => {
+            parse_time(v, now).map_err(|err| ApiError::bad_request(format!("{s}: {err}")))?
+        }
         None => end - 3600 * 1_000_000_000,
     };
     if start > end {
@@ -56,7 +60,11 @@ fn range(q: &Querier, p: &HashMap<String, String>, s: &str, e: &str) -> Result<R
     Ok(Range { start, end })
 }
 
-fn selector(p: &HashMap<String, String>, name: &str, required: bool) -> Result<Option<Selector>, ApiError> {
+fn selector(
+    p: &HashMap<String, String>,
+    name: &str,
+    required: bool,
+) -> Result<Option<Selector>, ApiError> {
     match p.get(name) {
         Some(s) if !s.trim().is_empty() => Selector::parse(s)
             .map(Some)
@@ -72,19 +80,30 @@ fn tenant(h: &HeaderMap) -> Result<TenantId, ApiError> {
     tenant_from_headers(h)
 }
 
-async fn profile_types(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Json<serde_json::Value>, ApiError> {
+async fn profile_types(
+    State(q): State<Querier>,
+    h: HeaderMap,
+    Query(p): Params,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let t = tenant(&h)?;
     let r = range(&q, &p, "start", "end")?;
     let types = q.profile_types(&t, r.start, r.end).await?;
     Ok(Json(json!({ "profile_types": types })))
 }
 
-async fn labels(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Json<serde_json::Value>, ApiError> {
+async fn labels(
+    State(q): State<Querier>,
+    h: HeaderMap,
+    Query(p): Params,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let t = tenant(&h)?;
     let r = range(&q, &p, "start", "end")?;
     let sel = selector(&p, "query", false)?;
     let series = q.series(&t, sel.as_ref(), r.start, r.end).await?;
-    let mut names: Vec<&str> = series.iter().flat_map(|s| s.labels.iter().map(|(k, _)| k)).collect();
+    let mut names: Vec<&str> = series
+        .iter()
+        .flat_map(|s| s.labels.iter().map(|(k, _)| k))
+        .collect();
     names.sort_unstable();
     names.dedup();
     Ok(Json(json!({ "labels": names })))
@@ -106,7 +125,11 @@ async fn label_values(
     Ok(Json(json!({ "values": values })))
 }
 
-async fn series(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Json<serde_json::Value>, ApiError> {
+async fn series(
+    State(q): State<Querier>,
+    h: HeaderMap,
+    Query(p): Params,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let t = tenant(&h)?;
     let r = range(&q, &p, "start", "end")?;
     let sel = selector(&p, "query", false)?;
@@ -114,8 +137,11 @@ async fn series(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Res
     let out: Vec<serde_json::Value> = series
         .iter()
         .map(|s| {
-            let mut m: serde_json::Map<String, serde_json::Value> =
-                s.labels.iter().map(|(k, v)| (k.to_owned(), json!(v))).collect();
+            let mut m: serde_json::Map<String, serde_json::Value> = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_owned(), json!(v)))
+                .collect();
             m.insert("__profile_type__".into(), json!(s.profile_type.to_string()));
             serde_json::Value::Object(m)
         })
@@ -123,7 +149,11 @@ async fn series(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Res
     Ok(Json(json!({ "series": out })))
 }
 
-async fn query_range(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Json<serde_json::Value>, ApiError> {
+async fn query_range(
+    State(q): State<Querier>,
+    h: HeaderMap,
+    Query(p): Params,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let t = tenant(&h)?;
     let r = range(&q, &p, "start", "end")?;
     let sel = selector(&p, "query", true)?.unwrap_or_default();
@@ -141,14 +171,22 @@ async fn query_range(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -
     }
     let group_by: Vec<String> = p
         .get("group_by")
-        .map(|g| g.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+        .map(|g| {
+            g.split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
         .unwrap_or_default();
     let series = q.range(&t, &sel, r.start, r.end, step, group_by).await?;
     let out: Vec<serde_json::Value> = series
         .iter()
         .map(|s| {
-            let labels: serde_json::Map<String, serde_json::Value> =
-                s.labels.iter().map(|(k, v)| (k.to_owned(), json!(v))).collect();
+            let labels: serde_json::Map<String, serde_json::Value> = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_owned(), json!(v)))
+                .collect();
             json!({ "labels": labels, "points": s.points })
         })
         .collect();
@@ -166,7 +204,9 @@ fn parse_step(s: &str) -> Result<i64, ApiError> {
             .min(i64::MAX as u128) as i64
     };
     if nanos <= 0 {
-        return Err(ApiError::bad_request(format!("step {s:?} must be positive")));
+        return Err(ApiError::bad_request(format!(
+            "step {s:?} must be positive"
+        )));
     }
     Ok(nanos)
 }
@@ -175,9 +215,9 @@ fn max_nodes(q: &Querier, p: &HashMap<String, String>) -> Result<usize, ApiError
     match p.get("max_nodes") {
         None => Ok(8192),
         Some(s) => {
-            let n: usize = s
-                .parse()
-                .map_err(|_| ApiError::bad_request(format!("max_nodes {s:?} is not a positive integer")))?;
+            let n: usize = s.parse().map_err(|_| {
+                ApiError::bad_request(format!("max_nodes {s:?} is not a positive integer"))
+            })?;
             if n == 0 || n > q.config().max_flame_nodes {
                 return Err(ApiError::bad_request(format!(
                     "max_nodes must be between 1 and {}",
@@ -190,10 +230,21 @@ fn max_nodes(q: &Querier, p: &HashMap<String, String>) -> Result<usize, ApiError
 }
 
 fn text(body: String) -> Response {
-    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"))], body).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response()
 }
 
-async fn query(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Response, ApiError> {
+async fn query(
+    State(q): State<Querier>,
+    h: HeaderMap,
+    Query(p): Params,
+) -> Result<Response, ApiError> {
     let t = tenant(&h)?;
     let r = range(&q, &p, "start", "end")?;
     let sel = selector(&p, "query", true)?.unwrap_or_default();
@@ -216,8 +267,14 @@ async fn query(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Resu
         );
         return Ok((
             [
-                (header::CONTENT_TYPE, HeaderValue::from_static("application/vnd.google.protobuf+gzip")),
-                (header::CONTENT_DISPOSITION, HeaderValue::from_static("attachment; filename=\"profile.pb.gz\"")),
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/vnd.google.protobuf+gzip"),
+                ),
+                (
+                    header::CONTENT_DISPOSITION,
+                    HeaderValue::from_static("attachment; filename=\"profile.pb.gz\""),
+                ),
             ],
             body,
         )
@@ -241,7 +298,11 @@ async fn query(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Resu
     })
 }
 
-async fn diff(State(q): State<Querier>, h: HeaderMap, Query(p): Params) -> Result<Response, ApiError> {
+async fn diff(
+    State(q): State<Querier>,
+    h: HeaderMap,
+    Query(p): Params,
+) -> Result<Response, ApiError> {
     let t = tenant(&h)?;
     let lr = range(&q, &p, "left_start", "left_end")?;
     let rr = range(&q, &p, "right_start", "right_end")?;

@@ -12,17 +12,19 @@ use serde::Serialize;
 
 /// Stacks as frame lists (root first) with one value per column; equal
 /// frame lists are summed, all-zero rows dropped, sorted by frames.
-pub fn folded<const N: usize>(
-    cols: [(&[(Id, i64)], &Symbols); N],
-) -> Vec<(Vec<String>, [i64; N])> {
+/// Functions are shown under the names `go tool pprof` displays
+/// ([`fathom_pprof::display_name`]); pprof output keeps the full names.
+pub fn folded<const N: usize>(cols: [(&[(Id, i64)], &Symbols); N]) -> Vec<(Vec<String>, [i64; N])> {
     let mut acc: BTreeMap<Vec<String>, [i64; N]> = BTreeMap::new();
     for (c, (samples, symbols)) in cols.iter().enumerate() {
         for (stack, v) in samples.iter() {
-            let frames = symbols.frames(stack);
+            let frames = symbols.frames_by(stack, fathom_pprof::display_name);
             acc.entry(frames).or_insert([0; N])[c] += *v;
         }
     }
-    acc.into_iter().filter(|(_, v)| v.iter().any(|x| *x != 0)).collect()
+    acc.into_iter()
+        .filter(|(_, v)| v.iter().any(|x| *x != 0))
+        .collect()
 }
 
 /// Folded text: `root;…;leaf v1[ v2]` per line.
@@ -289,7 +291,8 @@ mod tests {
 
     #[test]
     fn diff_keeps_both_columns() {
-        let r = |s: &str, a: i64, b: i64| (s.split(';').map(str::to_owned).collect::<Vec<_>>(), [a, b]);
+        let r =
+            |s: &str, a: i64, b: i64| (s.split(';').map(str::to_owned).collect::<Vec<_>>(), [a, b]);
         let rows = vec![r("main;a", 3, 0), r("main;b", 0, 4)];
         let g = flamegraph(&rows, 100);
         assert_eq!(g.value, [3, 4]);

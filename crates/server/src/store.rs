@@ -70,10 +70,9 @@ impl ObjectStoreConfig {
                 Ok(Arc::new(fs))
             }
             StoreKind::S3 => {
-                let bucket = self
-                    .s3_bucket
-                    .as_deref()
-                    .ok_or_else(|| Error::Store("--s3-bucket is required with --object-store s3".into()))?;
+                let bucket = self.s3_bucket.as_deref().ok_or_else(|| {
+                    Error::Store("--s3-bucket is required with --object-store s3".into())
+                })?;
                 let mut b = AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
                     .with_region(&self.s3_region)
@@ -87,7 +86,9 @@ impl ObjectStoreConfig {
                 if let Some(k) = &self.s3_secret_access_key {
                     b = b.with_secret_access_key(k);
                 }
-                Ok(Arc::new(b.build().map_err(|e| Error::Store(e.to_string()))?))
+                Ok(Arc::new(
+                    b.build().map_err(|e| Error::Store(e.to_string()))?,
+                ))
             }
         }
     }

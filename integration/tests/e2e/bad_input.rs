@@ -8,16 +8,25 @@ use fathom_integration::{Fathom, corpus};
 const BAD: Option<&str> = Some("bad");
 
 fn assert_4xx(what: &str, status: u16, body: &str) {
-    assert!((400..500).contains(&status), "{what}: expected a 4xx, got {status}: {body}");
-    let v: serde_json::Value =
-        serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {body}"));
-    let msg = v["error"].as_str().unwrap_or_else(|| panic!("{what}: no error field: {body}"));
+    assert!(
+        (400..500).contains(&status),
+        "{what}: expected a 4xx, got {status}: {body}"
+    );
+    let v: serde_json::Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {body}"));
+    let msg = v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no error field: {body}"));
     assert!(msg.len() > 5, "{what}: message too short: {msg}");
 }
 
 fn ingest_pprof(f: &Fathom, name: &str, body: Vec<u8>) -> (u16, String) {
-    f.ingest(BAD, &[("name", name), ("format", "pprof"), ("from", "1704067200")], body)
-        .unwrap()
+    f.ingest(
+        BAD,
+        &[("name", name), ("format", "pprof"), ("from", "1704067200")],
+        body,
+    )
+    .unwrap()
 }
 
 /// A tiny deterministic generator, so failures reproduce.
@@ -31,7 +40,11 @@ fn xorshift(seed: &mut u64) -> u64 {
 #[test]
 fn bad_input_is_refused_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let f = Fathom::start(dir.path(), &["--max-labels", "8", "--max-decompressed-size", "8MiB"]).unwrap();
+    let f = Fathom::start(
+        dir.path(),
+        &["--max-labels", "8", "--max-decompressed-size", "8MiB"],
+    )
+    .unwrap();
     let files = corpus().unwrap();
 
     // Corpus files that go tool pprof itself rejects.
@@ -73,15 +86,28 @@ fn bad_input_is_refused_whole() {
     assert_4xx("gzip bomb", s, &b);
 
     // Empty body, missing name, bad format, bad times.
-    let good = std::fs::read(&files.iter().find(|c| c.file.ends_with("go.crc32.cpu")).unwrap().path).unwrap();
+    let good = std::fs::read(
+        &files
+            .iter()
+            .find(|c| c.file.ends_with("go.crc32.cpu"))
+            .unwrap()
+            .path,
+    )
+    .unwrap();
     let (s, b) = ingest_pprof(&f, "empty", Vec::new());
     assert_4xx("empty body", s, &b);
     let (s, b) = f.ingest(BAD, &[("format", "pprof")], good.clone()).unwrap();
     assert_4xx("no name", s, &b);
-    let (s, b) = f.ingest(BAD, &[("name", "x"), ("format", "jfr")], good.clone()).unwrap();
+    let (s, b) = f
+        .ingest(BAD, &[("name", "x"), ("format", "jfr")], good.clone())
+        .unwrap();
     assert_4xx("unknown format", s, &b);
     let (s, b) = f
-        .ingest(BAD, &[("name", "x"), ("format", "pprof"), ("from", "yesterday")], good.clone())
+        .ingest(
+            BAD,
+            &[("name", "x"), ("format", "pprof"), ("from", "yesterday")],
+            good.clone(),
+        )
         .unwrap();
     assert_4xx("bad from", s, &b);
 
@@ -96,7 +122,11 @@ fn bad_input_is_refused_whole() {
 
     // A bad tenant id, on writes and on reads.
     let (s, b) = f
-        .ingest(Some("../etc"), &[("name", "x"), ("format", "pprof")], good.clone())
+        .ingest(
+            Some("../etc"),
+            &[("name", "x"), ("format", "pprof")],
+            good.clone(),
+        )
         .unwrap();
     assert_4xx("bad tenant", s, &b);
     let (s, b) = f.get(Some("a b"), "/api/v1/labels", &[]).unwrap();
@@ -105,14 +135,32 @@ fn bad_input_is_refused_whole() {
     // Bad selectors and ranges.
     let q = "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"x\"}";
     for (what, params) in [
-        ("unclosed selector", vec![("query", "process_cpu:cpu:nanoseconds:cpu:nanoseconds{a=\"b\"")]),
-        ("bad regex", vec![("query", "process_cpu:cpu:nanoseconds:cpu:nanoseconds{a=~\"(\"}")]),
+        (
+            "unclosed selector",
+            vec![(
+                "query",
+                "process_cpu:cpu:nanoseconds:cpu:nanoseconds{a=\"b\"",
+            )],
+        ),
+        (
+            "bad regex",
+            vec![(
+                "query",
+                "process_cpu:cpu:nanoseconds:cpu:nanoseconds{a=~\"(\"}",
+            )],
+        ),
         ("no profile type", vec![("query", "{a=\"b\"}")]),
         ("short profile type", vec![("query", "cpu{a=\"b\"}")]),
         ("missing query", vec![]),
-        ("start after end", vec![("query", q), ("start", "2000"), ("end", "1000")]),
+        (
+            "start after end",
+            vec![("query", q), ("start", "2000"), ("end", "1000")],
+        ),
         ("bad time", vec![("query", q), ("start", "last tuesday")]),
-        ("range too long", vec![("query", q), ("start", "0"), ("end", "now")]),
+        (
+            "range too long",
+            vec![("query", q), ("start", "0"), ("end", "now")],
+        ),
         ("bad format", vec![("query", q), ("format", "svg")]),
         ("bad max_nodes", vec![("query", q), ("max_nodes", "0")]),
     ] {
@@ -124,7 +172,11 @@ fn bad_input_is_refused_whole() {
         .unwrap();
     assert_4xx("zero step", s, &String::from_utf8_lossy(&b));
     let (s, b) = f
-        .get(BAD, "/api/v1/query_range", &[("query", q), ("start", "now-7d"), ("step", "1s")])
+        .get(
+            BAD,
+            "/api/v1/query_range",
+            &[("query", q), ("start", "now-7d"), ("step", "1s")],
+        )
         .unwrap();
     assert_4xx("too many points", s, &String::from_utf8_lossy(&b));
     let (s, b) = f.get(BAD, "/api/v1/nope", &[]).unwrap();
@@ -135,7 +187,10 @@ fn bad_input_is_refused_whole() {
     assert_eq!(s, 200);
     let v = f
         .get_json(BAD, "/api/v1/series", &[("start", "0"), ("end", "now")])
-        .unwrap_or_else(|_| f.get_json(BAD, "/api/v1/series", &[("start", "now-30d")]).unwrap());
+        .unwrap_or_else(|_| {
+            f.get_json(BAD, "/api/v1/series", &[("start", "now-30d")])
+                .unwrap()
+        });
     assert_eq!(v["series"].as_array().unwrap().len(), 0, "{v}");
     // The same good profile is accepted, so the refusals were about the input.
     let (s, b) = ingest_pprof(&f, "x", good);
@@ -144,11 +199,20 @@ fn bad_input_is_refused_whole() {
 
 #[test]
 fn grpc_push_is_all_or_nothing() {
-    use fathom_proto::push::{LabelPair, PushRequest, RawProfile, push_service_client::PushServiceClient};
+    use fathom_proto::push::{
+        LabelPair, PushRequest, RawProfile, push_service_client::PushServiceClient,
+    };
     let dir = tempfile::tempdir().unwrap();
     let f = Fathom::start(dir.path(), &[]).unwrap();
     let files = corpus().unwrap();
-    let good = std::fs::read(&files.iter().find(|c| c.file.ends_with("go.crc32.cpu")).unwrap().path).unwrap();
+    let good = std::fs::read(
+        &files
+            .iter()
+            .find(|c| c.file.ends_with("go.crc32.cpu"))
+            .unwrap()
+            .path,
+    )
+    .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let url = f.url("");
     let profile = |svc: &str, pprof: Vec<u8>| RawProfile {
@@ -162,14 +226,24 @@ fn grpc_push_is_all_or_nothing() {
     let status = rt.block_on(async {
         let mut c = PushServiceClient::connect(url.clone()).await.unwrap();
         let mut req = tonic::Request::new(PushRequest {
-            profiles: vec![profile("mixed", good.clone()), profile("mixed", b"not a profile".to_vec())],
+            profiles: vec![
+                profile("mixed", good.clone()),
+                profile("mixed", b"not a profile".to_vec()),
+            ],
         });
-        req.metadata_mut().insert("x-scope-orgid", "grpc".parse().unwrap());
+        req.metadata_mut()
+            .insert("x-scope-orgid", "grpc".parse().unwrap());
         c.push(req).await.unwrap_err()
     });
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
-    assert!(status.message().contains("profile 1"), "{}", status.message());
-    let v = f.get_json(Some("grpc"), "/api/v1/series", &[("start", "now-30d")]).unwrap();
+    assert!(
+        status.message().contains("profile 1"),
+        "{}",
+        status.message()
+    );
+    let v = f
+        .get_json(Some("grpc"), "/api/v1/series", &[("start", "now-30d")])
+        .unwrap();
     assert_eq!(v["series"].as_array().unwrap().len(), 0, "{v}");
 
     let ok = rt.block_on(async {
@@ -177,11 +251,14 @@ fn grpc_push_is_all_or_nothing() {
         let mut req = tonic::Request::new(PushRequest {
             profiles: vec![profile("pushed", good)],
         });
-        req.metadata_mut().insert("x-scope-orgid", "grpc".parse().unwrap());
+        req.metadata_mut()
+            .insert("x-scope-orgid", "grpc".parse().unwrap());
         c.push(req).await.unwrap().into_inner()
     });
     assert!(ok.samples > 0);
-    let v = f.get_json(Some("grpc"), "/api/v1/series", &[("start", "now-30d")]).unwrap();
+    let v = f
+        .get_json(Some("grpc"), "/api/v1/series", &[("start", "now-30d")])
+        .unwrap();
     let series = v["series"].as_array().unwrap();
     assert!(!series.is_empty());
     assert!(series.iter().all(|s| s["service_name"] == "pushed"), "{v}");

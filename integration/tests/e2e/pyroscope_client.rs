@@ -52,7 +52,11 @@ fn pyroscope_python_client_functions_show_up() {
         .arg("12")
         .output()
         .unwrap();
-    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let q = "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"pyapp\", env=\"e2e\"}";
     let t0 = Instant::now();
@@ -72,7 +76,9 @@ fn pyroscope_python_client_functions_show_up() {
             );
             let folded = f.folded(None, q, "now-1h", "now").unwrap();
             assert!(
-                folded.keys().any(|s| s.contains("main") && s.ends_with("hot_loop")),
+                folded
+                    .keys()
+                    .any(|s| s.contains("main") && s.ends_with("hot_loop")),
                 "{folded:?}"
             );
             return;

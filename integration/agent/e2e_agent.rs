@@ -1,0 +1,592 @@
+//! End-to-end tests of the agent: `fathom all` and `fathom agent` as real
+//! processes, real workloads (C, Rust, Node, Go) built from
+//! `integration/agent/`, results read back through the query API.
+//!
+//! Include from the e2e test binary with
+//! `#[path = "../../agent/e2e_agent.rs"] mod agent;`.
+//!
+//! They need root (or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN for
+//! /proc/<pid>/map_files), clang, rustc, node and golang-go. When the agent
+//! cannot load its BPF program the tests fail with the agent's own error,
+//! never pass quietly.
+//!
+//! The agent runs as `<target>/debug/fathom agent`; set FATHOM_AGENT_BIN to
+//! a standalone binary that takes the same flags (e.g. the `agent` example
+//! of fathom-agent) to test the agent before `fathom agent` exists.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fathom_integration::{Fathom, fathom_bin, free_port, workspace};
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+/// A running agent, killed on drop.
+struct Agent {
+    child: Child,
+    metrics_port: u16,
+    log: PathBuf,
+}
+
+fn agent_command() -> Command {
+    match std::env::var_os("FATHOM_AGENT_BIN") {
+        Some(bin) => Command::new(bin),
+        None => {
+            let mut c = Command::new(fathom_bin());
+            c.arg("agent");
+            c
+        }
+    }
+}
+
+impl Agent {
+    /// Starts the agent against `f` and waits until it is ready: its BPF
+    /// program is loaded and attached, or it failed and the test fails with
+    /// its log.
+    fn start(f: &Fathom, dir: &Path, extra: &[&str]) -> Agent {
+        let metrics_port = free_port();
+        let log = dir.join(format!("agent-{metrics_port}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = agent_command()
+            .arg("--remote")
+            .arg(f.url(""))
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{metrics_port}"))
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .expect("starting the agent (build fathom, or set FATHOM_AGENT_BIN)");
+        let mut a = Agent {
+            child,
+            metrics_port,
+            log,
+        };
+        let http = reqwest::blocking::Client::new();
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = a.child.try_wait().unwrap() {
+                panic!("the agent exited with {status} before it was ready:\n{}", a.log());
+            }
+            let ready = http
+                .get(format!("http://127.0.0.1:{}/ready", a.metrics_port))
+                .send()
+                .is_ok_and(|r| r.status().is_success());
+            if ready {
+                return a;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the agent is not ready after 60 s:\n{}",
+                a.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A metric from the agent's /metrics (sum over label sets).
+    fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::blocking::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+            .and_then(|r| r.text())
+            .unwrap_or_default();
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A workload process, killed on drop.
+struct Workload(Child);
+
+impl Workload {
+    fn spawn(cmd: &mut Command) -> Workload {
+        Workload(cmd.stdout(Stdio::null()).spawn().expect("starting a workload"))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sources() -> PathBuf {
+    workspace().join("integration/agent")
+}
+
+fn run_ok(cmd: &mut Command, what: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// hot.c with full frame pointers. clang, because GCC 12 drops the frame
+/// pointer of leaf functions even with -mno-omit-leaf-frame-pointer.
+fn build_c(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    run_ok(
+        Command::new("clang")
+            .args([
+                "-O2",
+                "-g",
+                "-fno-omit-frame-pointer",
+                "-mno-omit-leaf-frame-pointer",
+                "-fno-optimize-sibling-calls",
+            ])
+            .arg(sources().join("hot.c"))
+            .arg("-o")
+            .arg(&out),
+        "building hot.c",
+    );
+    out
+}
+
+fn build_rust(dir: &Path) -> PathBuf {
+    let out = dir.join("hotrs");
+    run_ok(
+        Command::new("rustc")
+            .args(["-C", "force-frame-pointers=yes", "-C", "opt-level=2", "-g"])
+            .args(["--edition", "2021", "--crate-name", "hot"])
+            .arg(sources().join("hot.rs"))
+            .arg("-o")
+            .arg(&out),
+        "building hot.rs",
+    );
+    out
+}
+
+fn build_go(dir: &Path) -> PathBuf {
+    let out = dir.join("gosvc");
+    let src = dir.join("gosvc-src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(sources().join("gosvc.go"), src.join("main.go")).unwrap();
+    std::fs::write(src.join("go.mod"), "module gosvc\n\ngo 1.19\n").unwrap();
+    run_ok(
+        Command::new("go")
+            .arg("build")
+            .arg("-o")
+            .arg(&out)
+            .arg(".")
+            .current_dir(&src)
+            .env("GOCACHE", dir.join("gocache"))
+            .env("GOPATH", dir.join("gopath"))
+            .env("GOPROXY", "off"),
+        "building gosvc.go (apt-get install golang-go)",
+    );
+    out
+}
+
+/// The merged folded stacks (root first) of a selector over the last hour.
+fn folded(f: &Fathom, selector: &str) -> BTreeMap<String, i64> {
+    f.folded(None, selector, "now-1h", "now").unwrap_or_default()
+}
+
+fn total(stacks: &BTreeMap<String, i64>) -> i64 {
+    stacks.values().sum()
+}
+
+fn share(stacks: &BTreeMap<String, i64>, pred: impl Fn(&str) -> bool) -> i64 {
+    stacks
+        .iter()
+        .filter(|(s, _)| pred(s))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Polls `check` until it returns `Ok`, or fails with its last error.
+fn eventually<T>(timeout: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let t0 = Instant::now();
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(e) if t0.elapsed() > timeout => panic!("not true after {timeout:?}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// The labels of the series matching `selector`.
+fn series(f: &Fathom, selector: &str) -> Vec<BTreeMap<String, String>> {
+    let v = f
+        .get_json(
+            None,
+            "/api/v1/series",
+            &[("query", selector), ("start", "now-1h"), ("end", "now")],
+        )
+        .unwrap_or(serde_json::Value::Null);
+    v["series"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| {
+                    s.as_object()
+                        .map(|o| {
+                            o.iter()
+                                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_owned()))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The hot function holds at least 80% of its process's CPU samples, with
+/// its callers in order below it.
+fn assert_hot(
+    f: &Fathom,
+    pid: u32,
+    leaf: &str,
+    chain: &str,
+    within: Duration,
+) -> BTreeMap<String, i64> {
+    let sel = format!("{CPU}{{pid=\"{pid}\"}}");
+    eventually(within, || {
+        let s = folded(f, &sel);
+        let t = total(&s);
+        let hot = share(&s, |x| x.contains(leaf));
+        let chained = share(&s, |x| x.contains(chain));
+        if t > 0 && hot * 100 >= t * 80 && chained * 100 >= t * 80 {
+            Ok(s)
+        } else {
+            Err(format!(
+                "{leaf}: {hot} and chain {chain}: {chained} of {t} ns for pid {pid}: {s:#?}"
+            ))
+        }
+    })
+}
+
+#[test]
+fn agent_profiles_c_and_rust_hot_functions_with_callers_and_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let hotc = build_c(dir.path(), "hotc");
+    let hotrs = build_rust(dir.path());
+    let dropped = build_c(dir.path(), "hotdrop");
+    let relabel = dir.path().join("relabel.yaml");
+    std::fs::write(
+        &relabel,
+        r#"
+relabel_configs:
+  - source_labels: [comm]
+    regex: hotdrop
+    action: drop
+  - source_labels: [comm]
+    regex: "hot(c|rs)"
+    target_label: team
+    replacement: "e2e-$1"
+"#,
+    )
+    .unwrap();
+    let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
+    let agent = Agent::start(
+        &f,
+        dir.path(),
+        &[
+            "--push-interval",
+            "5s",
+            "--node",
+            "e2e-node",
+            "--relabel-config",
+            relabel.to_str().unwrap(),
+        ],
+    );
+    let t0 = Instant::now();
+    let c = Workload::spawn(Command::new(&hotc).args(["cpu", "60"]));
+    let rs = Workload::spawn(Command::new(&hotrs).arg("60"));
+    let d = Workload::spawn(Command::new(&dropped).args(["cpu", "60"]));
+
+    // Within 30 s of starting (19 Hz, the default rate).
+    let budget = Duration::from_secs(30);
+    assert_hot(
+        &f,
+        c.pid(),
+        ";hot_function",
+        "main;outer_caller;middle_caller;hot_function",
+        budget.saturating_sub(t0.elapsed()),
+    );
+    assert_hot(
+        &f,
+        rs.pid(),
+        ";hot::rust_hot",
+        "hot::main;hot::rust_outer;hot::rust_middle;hot::rust_hot",
+        budget.saturating_sub(t0.elapsed()),
+    );
+
+    let labels = series(&f, &format!("{CPU}{{pid=\"{}\"}}", c.pid()));
+    assert_eq!(labels.len(), 1, "{labels:?}");
+    let l = &labels[0];
+    assert_eq!(l.get("node").map(String::as_str), Some("e2e-node"));
+    assert_eq!(l.get("pid"), Some(&c.pid().to_string()));
+    assert_eq!(l.get("comm").map(String::as_str), Some("hotc"));
+    assert_eq!(l.get("service_name").map(String::as_str), Some("hotc"));
+    assert_eq!(l.get("executable").map(String::as_str), hotc.to_str());
+    assert_eq!(l.get("team").map(String::as_str), Some("e2e-c"));
+
+    // The dropped process is not there at all, and the kernel skipped it.
+    assert!(series(&f, &format!("{CPU}{{pid=\"{}\"}}", d.pid())).is_empty());
+    assert!(agent.metric("fathom_agent_bpf_excluded_total") > 0.0);
+    assert_eq!(agent.metric("fathom_agent_samples_lost_total"), 0.0);
+}
+
+#[test]
+fn agent_shows_kernel_frames_of_a_syscall_heavy_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let hotc = build_c(dir.path(), "hotsys");
+    let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
+    let _agent = Agent::start(&f, dir.path(), &["--push-interval", "5s"]);
+    let w = Workload::spawn(Command::new(&hotc).args(["syscall", "60"]));
+    let sel = format!("{CPU}{{pid=\"{}\"}}", w.pid());
+    eventually(Duration::from_secs(30), || {
+        let s = folded(&f, &sel);
+        let t = total(&s);
+        // User frames below, kernel frames above them.
+        let kernel = share(&s, |x| x.contains("main;") && x.contains("entry_SYSCALL_64"));
+        if t > 0 && kernel * 2 >= t {
+            Ok(())
+        } else {
+            Err(format!("kernel frames in {kernel} of {t}: {s:#?}"))
+        }
+    });
+}
+
+#[test]
+fn agent_keeps_a_process_that_exits_between_pushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let hotc = build_c(dir.path(), "hotshort");
+    let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
+    // The default 10 s push interval: the process lives 2 s of it.
+    let _agent = Agent::start(&f, dir.path(), &[]);
+    let mut w = Workload::spawn(Command::new(&hotc).args(["cpu", "2"]));
+    let pid = w.pid();
+    assert!(w.0.wait().unwrap().success());
+    assert_hot(
+        &f,
+        pid,
+        ";hot_function",
+        "main;outer_caller;middle_caller;hot_function",
+        Duration::from_secs(30),
+    );
+}
+
+#[test]
+fn agent_symbolizes_node_jit_frames_from_the_perf_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
+    let _agent = Agent::start(&f, dir.path(), &["--push-interval", "5s"]);
+    let w = Workload::spawn(
+        Command::new("node")
+            .arg("--perf-basic-prof")
+            .arg(sources().join("hot.js"))
+            .arg("60"),
+    );
+    let sel = format!("{CPU}{{pid=\"{}\"}}", w.pid());
+    eventually(Duration::from_secs(40), || {
+        let s = folded(&f, &sel);
+        let t = total(&s);
+        let js = share(&s, |x| x.contains("hotJsFunction"));
+        if t > 0 && js * 2 >= t {
+            Ok(())
+        } else {
+            Err(format!("hotJsFunction in {js} of {t}: {s:#?}"))
+        }
+    });
+}
+
+#[test]
+fn agent_scrapes_go_pprof_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let gosvc = build_go(dir.path());
+    let port = free_port();
+    let _go = Workload::spawn(Command::new(&gosvc).arg(format!("127.0.0.1:{port}")));
+    let config = dir.path().join("scrape.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+scrape_configs:
+  - job_name: gosvc
+    scrape_interval: 5s
+    profile_seconds: 3s
+    static_configs:
+      - targets: ["127.0.0.1:{port}"]
+        labels: {{env: e2e}}
+"#
+        ),
+    )
+    .unwrap();
+    let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
+    let agent = Agent::start(
+        &f,
+        dir.path(),
+        &["--no-cpu-profiling", "--scrape-config", config.to_str().unwrap()],
+    );
+    let within = Duration::from_secs(60);
+    let has = |sel: &str, func: &str| {
+        let s = folded(&f, sel);
+        let hit = share(&s, |x| x.contains(func));
+        if hit > 0 {
+            Ok(())
+        } else {
+            Err(format!("{func} not in {sel}: {s:#?}"))
+        }
+    };
+    eventually(within, || {
+        has(
+            &format!("{CPU}{{service_name=\"gosvc\", env=\"e2e\", job=\"gosvc\"}}"),
+            "main.burnCPU",
+        )
+    });
+    eventually(within, || {
+        has(
+            "memory:alloc_space:bytes:space:bytes{service_name=\"gosvc\"}",
+            "main.allocate",
+        )
+    });
+    eventually(within, || {
+        let types = f
+            .get_json(None, "/api/v1/profile_types", &[("start", "now-1h"), ("end", "now")])
+            .map_err(|e| e.to_string())?;
+        let text = types.to_string();
+        for t in ["goroutine", "contentions", "inuse_space"] {
+            if !text.contains(t) {
+                return Err(format!("no {t} profile type in {text}"));
+            }
+        }
+        Ok(())
+    });
+    assert!(agent.metric("fathom_agent_scrapes_total") >= 5.0);
+    assert_eq!(agent.metric("fathom_agent_dropped_batches_total"), 0.0);
+}
+
+#[test]
+fn agent_without_privileges_fails_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
+    let port = free_port();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]);
+    let agent = agent_command();
+    cmd.arg(agent.get_program()).args(agent.get_args());
+    let out = cmd
+        .arg("--remote")
+        .arg(f.url(""))
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .output()
+        .expect("setpriv (util-linux) runs the agent as nobody");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned()
+        + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "an unprivileged agent must not pretend to run: {err}");
+    assert!(
+        err.contains("BPF") || err.contains("perf_event_open") || err.contains("BTF"),
+        "the error names the cause: {err}"
+    );
+}
+
+/// Macro benchmark: the agent's overhead at 19 Hz with every CPU busy, and
+/// the delay from a sample to its query result. Prints a table; run with
+/// `cargo test -p fathom-integration --test e2e agent_overhead -- --ignored --nocapture`
+/// (FATHOM_BENCH_SECS, default 180, sets the duration; use a release build
+/// of the agent for representative figures).
+#[test]
+#[ignore = "benchmark: minutes long"]
+fn agent_overhead_benchmark() {
+    let secs: u64 = std::env::var("FATHOM_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(180);
+    let dir = tempfile::tempdir().unwrap();
+    let hotc = build_c(dir.path(), "hotbench");
+    let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
+    let agent = Agent::start(&f, dir.path(), &[]);
+    let apid = agent.child.id();
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let busy: Vec<Workload> = (0..cpus)
+        .map(|_| Workload::spawn(Command::new(&hotc).args(["cpu", &(secs + 60).to_string()])))
+        .collect();
+
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = after.split(' ').collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    };
+    let status = |pid: u32, key: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    let hz = 100.0; // USER_HZ
+    let c0 = ticks(apid);
+    let t0 = Instant::now();
+
+    // End-to-end delay: a fresh process's first samples, until queryable.
+    let mut delays = Vec::new();
+    while t0.elapsed() < Duration::from_secs(secs) {
+        let w = Workload::spawn(Command::new(&hotc).args(["cpu", "30"]));
+        let started = Instant::now();
+        let sel = format!("{CPU}{{pid=\"{}\"}}", w.pid());
+        let found = eventually(Duration::from_secs(60), || {
+            if total(&folded(&f, &sel)) > 0 {
+                Ok(started.elapsed())
+            } else {
+                Err(format!("pid {} not queryable", w.pid()))
+            }
+        });
+        delays.push(found.as_secs_f64());
+        drop(w);
+        let rest = Duration::from_secs(secs).saturating_sub(t0.elapsed());
+        std::thread::sleep(rest.min(Duration::from_secs(20)));
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = (ticks(apid) - c0) as f64 / hz;
+    let cpu_pct = cpu / wall * 100.0;
+    let rss_mb = status(apid, "VmHWM:") as f64 / 1024.0;
+    delays.sort_by(|a, b| a.total_cmp(b));
+    let median = delays[delays.len() / 2];
+    let max = delays.last().copied().unwrap_or(0.0);
+    let samples = agent.metric("fathom_agent_samples_total");
+    let lost = agent.metric("fathom_agent_samples_lost_total");
+    println!();
+    println!("agent overhead at 19 Hz, {cpus} CPUs busy, {wall:.0} s");
+    println!("| what                         | measured  | target   |");
+    println!("|------------------------------|-----------|----------|");
+    println!("| CPU, % of one core           | {cpu_pct:>8.3}% | <= 0.5%  |");
+    println!("| peak RSS (VmHWM)             | {rss_mb:>6.1} MB | <= 64 MB |");
+    println!("| sample -> query, median      | {median:>7.1} s | <= 15 s  |");
+    println!("| sample -> query, max         | {max:>7.1} s | <= 15 s  |");
+    println!("| samples received / lost      | {samples:>6} / {lost} |          |");
+    drop(busy);
+}
