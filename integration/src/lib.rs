@@ -108,15 +108,15 @@ impl Fathom {
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let t0 = Instant::now();
         loop {
-            if let Some(c) = self.child.as_mut() {
-                if let Some(status) = c.try_wait()? {
-                    bail!("fathom exited with {status} before ready:\n{}", self.log());
-                }
+            if let Some(c) = self.child.as_mut()
+                && let Some(status) = c.try_wait()?
+            {
+                bail!("fathom exited with {status} before ready:\n{}", self.log());
             }
-            if let Ok(r) = self.http.get(self.url("/ready")).send() {
-                if r.status().is_success() {
-                    return Ok(());
-                }
+            if let Ok(r) = self.http.get(self.url("/ready")).send()
+                && r.status().is_success()
+            {
+                return Ok(());
             }
             if t0.elapsed() > timeout {
                 bail!("fathom not ready after {timeout:?}:\n{}", self.log());
@@ -239,12 +239,11 @@ impl Fathom {
     pub fn metric(&self, name: &str) -> Result<f64> {
         let text = self.http.get(self.url("/metrics")).send()?.text()?;
         for line in text.lines() {
-            if let Some(rest) = line.strip_prefix(name) {
-                if rest.starts_with(' ') || rest.starts_with('{') {
-                    if let Some(v) = rest.rsplit(' ').next() {
-                        return Ok(v.parse()?);
-                    }
-                }
+            if let Some(rest) = line.strip_prefix(name)
+                && (rest.starts_with(' ') || rest.starts_with('{'))
+                && let Some(v) = rest.rsplit(' ').next()
+            {
+                return Ok(v.parse()?);
             }
         }
         bail!("metric {name} not found")

@@ -24,10 +24,10 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut n = 0usize;
             for (_, bytes) in &files {
-                if let Ok(p) = decode(bytes, &limits) {
-                    if let Ok(out) = normalize(&p, &opts) {
-                        n += out.profiles.len();
-                    }
+                if let Ok(p) = decode(bytes, &limits)
+                    && let Ok(out) = normalize(&p, &opts)
+                {
+                    n += out.profiles.len();
                 }
             }
             n

@@ -55,10 +55,10 @@ async fn start(dir: &Path) -> Server {
     });
     let http = reqwest::Client::new();
     for _ in 0..600 {
-        if let Ok(r) = http.get(format!("http://{addr}/ready")).send().await {
-            if r.status().is_success() {
-                break;
-            }
+        if let Ok(r) = http.get(format!("http://{addr}/ready")).send().await
+            && r.status().is_success()
+        {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

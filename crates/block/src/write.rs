@@ -174,7 +174,11 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
             nulls_first: false,
         })
         .collect();
-    let samples_pq = to_parquet(samples_schema(), &[samples.clone()], Some(sorting))?;
+    let samples_pq = to_parquet(
+        samples_schema(),
+        std::slice::from_ref(&samples),
+        Some(sorting),
+    )?;
 
     let mut profiles = data.profiles.clone();
     profiles.sort_by_key(|p| (p.series_id, p.time_nanos, p.profile_id));

@@ -235,10 +235,10 @@ async fn ingest_inner(
         .get("until")
         .map(|s| pyroscope_time("until", s))
         .transpose()?;
-    if let (Some(f), Some(u)) = (from, until) {
-        if u < f {
-            return Err(ApiError::bad_request("until is before from"));
-        }
+    if let (Some(f), Some(u)) = (from, until)
+        && u < f
+    {
+        return Err(ApiError::bad_request("until is before from"));
     }
     let duration = match (from, until) {
         (Some(f), Some(u)) => Some(u - f),

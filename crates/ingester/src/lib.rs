@@ -349,10 +349,10 @@ impl Ingester {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = stop.changed() => return,
             }
-            if self.flush_due() {
-                if let Err(e) = self.flush(None).await {
-                    tracing::error!(error = %e, "flush failed");
-                }
+            if self.flush_due()
+                && let Err(e) = self.flush(None).await
+            {
+                tracing::error!(error = %e, "flush failed");
             }
         }
     }

@@ -34,12 +34,9 @@ impl Metrics {
     pub(crate) fn register(registry: &mut Registry) -> Self {
         let m = Metrics {
             queries: Counter::default(),
-            duration: Histogram::new(
-                [
-                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                ]
-                .into_iter(),
-            ),
+            duration: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
             cache_hits: Counter::default(),
             cache_misses: Counter::default(),
             rows: Counter::default(),

@@ -150,15 +150,15 @@ impl<T> Lru<T> {
 
     pub(crate) fn put(&mut self, k: String, v: Arc<T>) {
         self.tick += 1;
-        if self.map.len() >= self.cap && !self.map.contains_key(&k) {
-            if let Some(oldest) = self
+        if self.map.len() >= self.cap
+            && !self.map.contains_key(&k)
+            && let Some(oldest) = self
                 .map
                 .iter()
                 .min_by_key(|(_, (_, used))| *used)
                 .map(|(k, _)| k.clone())
-            {
-                self.map.remove(&oldest);
-            }
+        {
+            self.map.remove(&oldest);
         }
         self.map.insert(k, (v, self.tick));
     }

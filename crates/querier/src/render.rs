@@ -52,24 +52,27 @@ pub struct TopRow<const N: usize> {
     pub cum: [i64; N],
 }
 
+/// Adds `v` to `acc`, column by column.
+fn add(acc: &mut [i64], v: &[i64]) {
+    for (a, b) in acc.iter_mut().zip(v) {
+        *a += b;
+    }
+}
+
 /// Functions by flat value of the last column, descending, then by name.
 pub fn top<const N: usize>(rows: &[(Vec<String>, [i64; N])]) -> Vec<TopRow<N>> {
     let mut by: HashMap<&str, ([i64; N], [i64; N])> = HashMap::new();
     for (frames, vals) in rows {
         if let Some(leaf) = frames.last() {
             let e = by.entry(leaf.as_str()).or_insert(([0; N], [0; N]));
-            for c in 0..N {
-                e.0[c] += vals[c];
-            }
+            add(&mut e.0, vals);
         }
         let mut once: Vec<&str> = frames.iter().map(String::as_str).collect();
         once.sort_unstable();
         once.dedup();
         for f in once {
             let e = by.entry(f).or_insert(([0; N], [0; N]));
-            for c in 0..N {
-                e.1[c] += vals[c];
-            }
+            add(&mut e.1, vals);
         }
     }
     let mut out: Vec<TopRow<N>> = by
@@ -122,9 +125,7 @@ pub fn flamegraph<const N: usize>(
     }];
     for (frames, vals) in rows {
         let mut cur = 0;
-        for c in 0..N {
-            arena[0].value[c] += vals[c];
-        }
+        add(&mut arena[0].value, vals);
         for f in frames {
             let next = match arena[cur].children.get(f) {
                 Some(&i) => i,
@@ -140,13 +141,9 @@ pub fn flamegraph<const N: usize>(
                 }
             };
             cur = next;
-            for c in 0..N {
-                arena[cur].value[c] += vals[c];
-            }
+            add(&mut arena[cur].value, vals);
         }
-        for c in 0..N {
-            arena[cur].self_value[c] += vals[c];
-        }
+        add(&mut arena[cur].self_value, vals);
     }
     // The weight that decides what is kept.
     let weight = |r: &Raw<N>| r.value.iter().map(|v| v.unsigned_abs()).sum::<u64>();
@@ -180,9 +177,7 @@ pub fn flamegraph<const N: usize>(
                 children.push(build(arena, c, name.clone(), threshold, weight));
             } else {
                 has_other = true;
-                for k in 0..N {
-                    other[k] += arena[c].value[k];
-                }
+                add(&mut other, &arena[c].value);
             }
         }
         if has_other {

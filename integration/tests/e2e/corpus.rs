@@ -116,7 +116,10 @@ fn reference(c: &CorpusFile) -> BTreeMap<String, BTreeMap<String, i64>> {
     for prof in &n.profiles {
         let k = key(&prof.profile_type.to_string());
         for s in &prof.samples {
-            let stack = n.symbols.frames_by(&s.stack, fathom_pprof::display_name).join(";");
+            let stack = n
+                .symbols
+                .frames_by(&s.stack, fathom_pprof::display_name)
+                .join(";");
             *out.entry(k.clone()).or_default().entry(stack).or_default() += s.value;
         }
     }
@@ -238,6 +241,169 @@ fn ten_consecutive_profiles_merge_to_the_sum_of_their_expectations() {
         npoints >= 10,
         "ten profiles 10 s apart make ten points, got {npoints}"
     );
+
+    // group_by sums series by the named labels: one line for one service.
+    let q = format!("{t}{{service_name=\"many\"}}");
+    let g = f
+        .get_json(
+            TENANT,
+            "/api/v1/query_range",
+            &[
+                ("query", &q),
+                ("start", START),
+                ("end", END),
+                ("step", "1h"),
+                ("group_by", "service_name"),
+            ],
+        )
+        .unwrap();
+    let gs = g["series"].as_array().unwrap();
+    assert_eq!(gs.len(), 1, "{g}");
+    assert_eq!(gs[0]["labels"], serde_json::json!({"service_name": "many"}));
+    let gsum: i64 = gs[0]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_i64().unwrap())
+        .sum();
+    assert_eq!(gsum, want);
+
+    // Metadata endpoints.
+    let labels = f
+        .get_json(TENANT, "/api/v1/labels", &[("start", START), ("end", END)])
+        .unwrap();
+    assert!(
+        labels["labels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "service_name"),
+        "{labels}"
+    );
+    let values = f
+        .get_json(
+            TENANT,
+            "/api/v1/label/service_name/values",
+            &[("start", START), ("end", END)],
+        )
+        .unwrap();
+    assert_eq!(values["values"], serde_json::json!(["many"]));
+    let types = f
+        .get_json(
+            TENANT,
+            "/api/v1/profile_types",
+            &[("start", START), ("end", END)],
+        )
+        .unwrap();
+    assert!(
+        types["profile_types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x == t.as_str()),
+        "{types}"
+    );
+    // Another tenant sees none of it.
+    let other = f
+        .get_json(
+            Some("someone-else"),
+            "/api/v1/series",
+            &[("start", START), ("end", END)],
+        )
+        .unwrap();
+    assert_eq!(other["series"].as_array().unwrap().len(), 0);
+
+    // top and flamegraph agree with the folded totals.
+    let top = f
+        .get_json(
+            TENANT,
+            "/api/v1/query",
+            &[
+                ("query", &q),
+                ("start", START),
+                ("end", END),
+                ("format", "top"),
+            ],
+        )
+        .unwrap();
+    assert_eq!(top["total"].as_i64().unwrap(), want);
+    let rows = top["rows"].as_array().unwrap();
+    let flat: i64 = rows.iter().map(|r| r["flat"].as_i64().unwrap()).sum();
+    assert_eq!(flat, want, "flat values add up to the total");
+    assert!(
+        rows.windows(2)
+            .all(|w| w[0]["flat"].as_i64() >= w[1]["flat"].as_i64())
+    );
+    let fg = f
+        .get_json(
+            TENANT,
+            "/api/v1/query",
+            &[
+                ("query", &q),
+                ("start", START),
+                ("end", END),
+                ("format", "flamegraph"),
+                ("max_nodes", "50"),
+            ],
+        )
+        .unwrap();
+    assert_eq!(fg["value"].as_i64().unwrap(), want);
+    fn nodes(v: &serde_json::Value) -> usize {
+        1 + v["children"]
+            .as_array()
+            .map(|c| c.iter().map(nodes).sum())
+            .unwrap_or(0)
+    }
+    // At most 50 kept nodes, plus at most one `other` per kept node.
+    assert!(
+        nodes(&fg) <= 100,
+        "max_nodes bounds the tree: {}",
+        nodes(&fg)
+    );
+
+    // A diff of the first and the second profile: both values per stack.
+    let (first, second) = (reference(&many[0]), reference(&many[1]));
+    let at = |k: i64| ((BASE_S + 10 * k) * 1000).to_string();
+    let d = f
+        .get(
+            TENANT,
+            "/api/v1/diff",
+            &[
+                ("left", q.as_str()),
+                ("left_start", &at(0)),
+                ("left_end", &at(0)),
+                ("right", q.as_str()),
+                ("right_start", &at(1)),
+                ("right_end", &at(1)),
+                ("format", "folded"),
+            ],
+        )
+        .unwrap();
+    assert_eq!(d.0, 200, "{}", String::from_utf8_lossy(&d.1));
+    let k = key(t);
+    let empty = BTreeMap::new();
+    let (l, r) = (
+        first.get(&k).unwrap_or(&empty),
+        second.get(&k).unwrap_or(&empty),
+    );
+    let mut lines = 0;
+    for line in String::from_utf8(d.1).unwrap().lines() {
+        let mut it = line.rsplitn(3, ' ');
+        let (rv, lv, stack) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        assert_eq!(
+            lv.parse::<i64>().unwrap(),
+            l.get(stack).copied().unwrap_or(0),
+            "left {stack}"
+        );
+        assert_eq!(
+            rv.parse::<i64>().unwrap(),
+            r.get(stack).copied().unwrap_or(0),
+            "right {stack}"
+        );
+        lines += 1;
+    }
+    let union: BTreeSet<&String> = l.keys().chain(r.keys()).collect();
+    assert_eq!(lines, union.len());
 }
 
 #[test]
