@@ -16,7 +16,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-python3 -c 'import pyroscope' 2>/dev/null || python3 -m pip install -q 'pyroscope-io==0.8.16'
+python3 -c 'import pyroscope, pyarrow' 2>/dev/null || python3 -m pip install -q 'pyroscope-io==0.8.16' pyarrow
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -23,44 +23,44 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pr
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
     #[error(
-        "kernel BTF is not available at /sys/kernel/btf/vmlinux (a kernel built with CONFIG_DEBUG_INFO_BTF=y is required for CO-RE): {0}"
+        "kernel BTF is not available at /sys/kernel/btf/vmlinux (a kernel built with CONFIG_DEBUG_INFO_BTF=y is required for CO-RE)"
     )]
     Btf(#[source] aya::BtfError),
     #[error(
-        "loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?): {0}"
+        "loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?)"
     )]
     Load(#[source] aya::EbpfError),
     #[error("the BPF object has no program {0:?}")]
     MissingProgram(&'static str),
     #[error("the BPF object has no map {0:?}")]
     MissingMap(&'static str),
-    #[error("BPF program {name} was refused: {source}")]
+    #[error("BPF program {name} was refused")]
     Program {
         name: &'static str,
         #[source]
         source: ProgramError,
     },
-    #[error("BPF map {name}: {source}")]
+    #[error("BPF map {name}")]
     Map {
         name: &'static str,
         #[source]
         source: aya::maps::MapError,
     },
     #[error(
-        "perf_event_open on CPU {cpu} failed (needs root or CAP_PERFMON; kernel.perf_event_paranoid may forbid it): {source}"
+        "perf_event_open on CPU {cpu} failed (needs root or CAP_PERFMON; kernel.perf_event_paranoid may forbid it)"
     )]
     Attach {
         cpu: u32,
         #[source]
         source: ProgramError,
     },
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         what: &'static str,
         #[source]
         source: io::Error,
     },
-    #[error("reading the online CPUs from {what}: {source}")]
+    #[error("reading the online CPUs from {what}")]
     OnlineCpus {
         what: &'static str,
         #[source]
@@ -228,7 +228,7 @@ impl Control {
                 // The CPU is gone; its event may already be dead. Either way
                 // the link is released.
                 if let Err(error) = prog.detach(id) {
-                    tracing::debug!(cpu, %error, "detaching from offline cpu");
+                    tracing::debug!(cpu, error = %crate::chain(&error), "detaching from offline cpu");
                 }
             }
         }

@@ -54,6 +54,19 @@ pub use relabel::{RelabelError, Relabeler};
 pub use scrape::ScrapeConfigError;
 pub use ship::ShipError;
 
+/// An error with its sources, `: `-joined, for log fields (the error types
+/// here keep causes as sources rather than in their own message).
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 /// How long shutdown waits for queued profiles to be pushed.
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 

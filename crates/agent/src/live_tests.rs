@@ -323,12 +323,12 @@ fn build_workload(dir: &std::path::Path, what: &str) -> std::path::PathBuf {
     out
 }
 
+/// Folded stacks and the labels of one process's profile.
+type ChildProfile = (Vec<(String, i64)>, Vec<(String, String)>);
+
 /// Samples the whole host at `hz` while `cmd` runs, and returns the folded
 /// stacks of the child's pid (with the profile's labels).
-fn profile_child(
-    mut cmd: std::process::Command,
-    hz: u64,
-) -> (Vec<(String, i64)>, Vec<(String, String)>) {
+fn profile_child(mut cmd: std::process::Command, hz: u64) -> ChildProfile {
     let _serial = serial();
     let mut p = load(hz, None);
     let mut reg = Registry::default();

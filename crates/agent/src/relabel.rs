@@ -22,7 +22,7 @@ pub(crate) type LabelMap = BTreeMap<String, String>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelabelError {
-    #[error("relabel rule {index}: invalid regex {regex:?}: {source}")]
+    #[error("relabel rule {index}: invalid regex {regex:?}")]
     Regex {
         index: usize,
         regex: String,
@@ -33,9 +33,9 @@ pub enum RelabelError {
     MissingTarget { index: usize, action: &'static str },
     #[error("relabel rule {index}: target_label {label:?} is not a valid label name")]
     BadTarget { index: usize, label: String },
-    #[error("relabel config: {0}")]
+    #[error("relabel config is not valid YAML for relabel_configs")]
     Yaml(#[from] serde_norway::Error),
-    #[error("reading relabel config {path}: {source}")]
+    #[error("reading relabel config {path}")]
     Read {
         path: String,
         #[source]

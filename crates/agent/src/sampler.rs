@@ -188,7 +188,7 @@ async fn run(
                         tracing::info!(attached, detached, cpus = ?control.attached_cpus(), "cpu hotplug");
                         metrics.attached_cpus.set(control.attached_cpus().len() as i64);
                     }
-                    Err(error) => tracing::warn!(%error, "re-attaching to online cpus"),
+                    Err(error) => tracing::warn!(error = %crate::chain(&error), "re-attaching to online cpus"),
                 }
             }
             _ = push_tick.tick() => {
@@ -229,7 +229,7 @@ fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, c: &mut Collector, m
 fn apply_skips(c: &mut Collector, control: &mut crate::bpf::Control) {
     for s in c.take_new_skips() {
         if let Err(error) = control.skip_process(s.pid, s.start_time) {
-            tracing::debug!(pid = s.pid, %error, "adding to the kernel skip map");
+            tracing::debug!(pid = s.pid, error = %crate::chain(&error), "adding to the kernel skip map");
         }
     }
     for pid in c.take_expired_skips() {
@@ -252,6 +252,6 @@ fn flush(
     apply_skips(c, control);
     match control.read_counters() {
         Ok(now) => counters.publish(now, m),
-        Err(error) => tracing::warn!(%error, "reading kernel counters"),
+        Err(error) => tracing::warn!(error = %crate::chain(&error), "reading kernel counters"),
     }
 }

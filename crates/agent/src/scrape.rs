@@ -44,13 +44,13 @@ const MAX_BODY: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScrapeConfigError {
-    #[error("reading scrape config {path}: {source}")]
+    #[error("reading scrape config {path}")]
     Read {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("scrape config: {0}")]
+    #[error("scrape config is not valid YAML for scrape_configs")]
     Yaml(#[from] serde_norway::Error),
     #[error("scrape config: {0}")]
     Invalid(String),

@@ -34,7 +34,7 @@ pub(crate) const MAX_REQUEST_BYTES: usize = 2 << 20;
 /// Why the push client could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ShipError {
-    #[error("--remote {remote:?} is not a valid http(s) URL: {source}")]
+    #[error("--remote {remote:?} is not a valid http(s) URL")]
     Remote {
         remote: String,
         #[source]
@@ -46,7 +46,7 @@ pub enum ShipError {
     Tenant(String),
     #[error("the bearer token is not a valid header value")]
     Token,
-    #[error("reading the bearer token file {path}: {source}")]
+    #[error("reading the bearer token file {path}")]
     TokenFile {
         path: String,
         #[source]

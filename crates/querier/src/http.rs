@@ -91,21 +91,34 @@ async fn profile_types(
     Ok(Json(json!({ "profile_types": types })))
 }
 
+/// The series a metadata request names: tenant, `start`/`end` and an
+/// optional `query` selector.
+async fn matching_series(
+    q: &Querier,
+    h: &HeaderMap,
+    p: &HashMap<String, String>,
+) -> Result<Vec<fathom_block::SeriesRow>, ApiError> {
+    let t = tenant(h)?;
+    let r = range(q, p, "start", "end")?;
+    let sel = selector(p, "query", false)?;
+    Ok(q.series(&t, sel.as_ref(), r.start, r.end).await?)
+}
+
+/// Sorted distinct values.
+fn distinct<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = it.collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 async fn labels(
     State(q): State<Querier>,
     h: HeaderMap,
     Query(p): Params,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let t = tenant(&h)?;
-    let r = range(&q, &p, "start", "end")?;
-    let sel = selector(&p, "query", false)?;
-    let series = q.series(&t, sel.as_ref(), r.start, r.end).await?;
-    let mut names: Vec<&str> = series
-        .iter()
-        .flat_map(|s| s.labels.iter().map(|(k, _)| k))
-        .collect();
-    names.sort_unstable();
-    names.dedup();
+    let series = matching_series(&q, &h, &p).await?;
+    let names = distinct(series.iter().flat_map(|s| s.labels.iter().map(|(k, _)| k)));
     Ok(Json(json!({ "labels": names })))
 }
 
@@ -115,13 +128,8 @@ async fn label_values(
     Path(name): Path<String>,
     Query(p): Params,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let t = tenant(&h)?;
-    let r = range(&q, &p, "start", "end")?;
-    let sel = selector(&p, "query", false)?;
-    let series = q.series(&t, sel.as_ref(), r.start, r.end).await?;
-    let mut values: Vec<&str> = series.iter().filter_map(|s| s.labels.get(&name)).collect();
-    values.sort_unstable();
-    values.dedup();
+    let series = matching_series(&q, &h, &p).await?;
+    let values = distinct(series.iter().filter_map(|s| s.labels.get(&name)));
     Ok(Json(json!({ "values": values })))
 }
 
@@ -130,10 +138,7 @@ async fn series(
     h: HeaderMap,
     Query(p): Params,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let t = tenant(&h)?;
-    let r = range(&q, &p, "start", "end")?;
-    let sel = selector(&p, "query", false)?;
-    let series = q.series(&t, sel.as_ref(), r.start, r.end).await?;
+    let series = matching_series(&q, &h, &p).await?;
     let out: Vec<serde_json::Value> = series
         .iter()
         .map(|s| {

@@ -2,5 +2,6 @@
 //! the whole crate, one module per area.
 
 mod bad_input;
+mod blocks;
 mod corpus;
 mod pyroscope_client;
