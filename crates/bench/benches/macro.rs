@@ -189,14 +189,37 @@ fn count(v: &serde_json::Value) -> usize {
         .unwrap_or(0)
 }
 
-async fn merge_bench(dir: &Path) {
-    // Ten consecutive real CPU profiles of one process, cycled over a day.
-    let many = corpus_dir().join("parca-dev+parca/pkg/query/testdata/many");
-    let mut profiles: Vec<Vec<u8>> = std::fs::read_dir(&many)
+/// Real CPU profiles of one process, in file-name order: the ten
+/// consecutive profiles of one Go process (Parca's test data, ~18 stacks
+/// each) or eight CPU profiles of one Kafka JVM (Pyroscope's JFR test data,
+/// ~400 stacks each).
+fn one_service(kind: &str) -> Vec<Vec<u8>> {
+    let (dir, pat) = match kind {
+        "go" => ("parca-dev+parca/pkg/query/testdata/many", ""),
+        _ => (
+            "grafana+pyroscope/pkg/og/convert/jfr/testdata",
+            "kafka-0__cpu",
+        ),
+    };
+    let mut files: Vec<_> = std::fs::read_dir(corpus_dir().join(dir))
         .unwrap()
-        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.contains(pat) && (pat.is_empty() || n.contains("process_cpu_cpu_nanoseconds"))
+        })
         .collect();
-    profiles.sort();
+    files.sort();
+    files.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+async fn merge_bench(dir: &Path, kind: &str) {
+    let profiles = one_service(kind);
+    assert!(profiles.len() >= 8, "{kind}: {} files", profiles.len());
+    println!(
+        "info: merge bench '{kind}': a day of one service cycling {} real CPU profiles",
+        profiles.len()
+    );
     let srv = start(dir).await;
     let base = now_s() - DAY * 10 - 60;
     let t0 = Instant::now();
@@ -239,7 +262,7 @@ async fn merge_bench(dir: &Path) {
     let (t_start, t_end) = (base - 1, base + DAY * 10 + 10);
     let (mut lat, total, nodes) = merge_latency(&http, srv.addr, t_start, t_end, 5).await;
     println!(
-        "figure merge_day_head: median {:.3} s, max {:.3} s over 5 runs ({DAY} profiles, total {total}, {nodes} flame graph nodes) [target < 1 s]",
+        "figure merge_day_head[{kind}]: median {:.3} s, max {:.3} s over 5 runs ({DAY} profiles, total {total}, {nodes} flame graph nodes) [target < 1 s]",
         quantile(&mut lat, 0.5),
         quantile(&mut lat, 1.0)
     );
@@ -250,11 +273,11 @@ async fn merge_bench(dir: &Path) {
     assert_eq!(total, total2, "blocks answer like the head");
     assert_eq!(total, total3);
     println!(
-        "figure merge_day_blocks_cold: {:.3} s (first query after restart: block metadata and symbols not cached) [target < 1 s]",
+        "figure merge_day_blocks_cold[{kind}]: {:.3} s (first query after restart: block metadata and symbols not cached) [target < 1 s]",
         quantile(&mut cold, 0.5)
     );
     println!(
-        "figure merge_day_blocks_warm: median {:.3} s over 5 runs [target < 1 s]",
+        "figure merge_day_blocks_warm[{kind}]: median {:.3} s over 5 runs [target < 1 s]",
         quantile(&mut warm, 0.5)
     );
     srv.stop().await;
@@ -275,7 +298,7 @@ async fn merge_bench(dir: &Path) {
         }
     }
     println!(
-        "figure bytes_per_row: {:.2} bytes per (profile, stack, value) row in samples.parquet; {:.2} with every block file ({samples} rows, {bytes} bytes) [target <= 2 bytes, compacted blocks]",
+        "figure bytes_per_row[{kind}]: {:.2} bytes per (profile, stack, value) row in samples.parquet; {:.2} with every block file ({samples} rows, {bytes} bytes) [target <= 2 bytes, compacted blocks]",
         sample_bytes as f64 / samples as f64,
         bytes as f64 / samples as f64
     );
@@ -295,9 +318,11 @@ fn main() {
             let d = tempfile::tempdir().unwrap();
             ingest_bench(d.path()).await;
         }
-        if want("merge") {
-            let d = tempfile::tempdir().unwrap();
-            merge_bench(d.path()).await;
+        for kind in ["go", "jvm"] {
+            if want("merge") || want(kind) {
+                let d = tempfile::tempdir().unwrap();
+                merge_bench(d.path(), kind).await;
+            }
         }
     });
 }
