@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go python3-pip)
+apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go python3-pip nodejs util-linux)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

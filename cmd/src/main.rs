@@ -31,6 +31,9 @@ enum Command {
     /// Distributor, ingester and querier in one process (local filesystem
     /// object store under the data directory, replication factor 1).
     All(AllArgs),
+    /// The eBPF profiling agent (needs root): profiles every process on
+    /// this host and pushes to --remote.
+    Agent(fathom_agent::AgentArgs),
 }
 
 /// A size such as `64MiB`, `512KB` or `1048576`.
@@ -214,6 +217,14 @@ async fn main() -> anyhow::Result<()> {
             fathom_server::run_all(cfg, shutdown_signal())
                 .await
                 .context("fathom all")?;
+        }
+        Command::Agent(args) => {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                let _ = tx.send(true);
+            });
+            fathom_agent::run(args, rx).await.context("fathom agent")?;
         }
     }
     Ok(())

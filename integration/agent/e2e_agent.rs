@@ -69,7 +69,10 @@ impl Agent {
         let t0 = Instant::now();
         loop {
             if let Some(status) = a.child.try_wait().unwrap() {
-                panic!("the agent exited with {status} before it was ready:\n{}", a.log());
+                panic!(
+                    "the agent exited with {status} before it was ready:\n{}",
+                    a.log()
+                );
             }
             let ready = http
                 .get(format!("http://127.0.0.1:{}/ready", a.metrics_port))
@@ -93,9 +96,10 @@ impl Agent {
 
     /// A metric from the agent's /metrics (sum over label sets).
     fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::blocking::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
-            .and_then(|r| r.text())
-            .unwrap_or_default();
+        let text =
+            reqwest::blocking::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+                .and_then(|r| r.text())
+                .unwrap_or_default();
         text.lines()
             .filter(|l| {
                 l.strip_prefix(name)
@@ -118,7 +122,11 @@ struct Workload(Child);
 
 impl Workload {
     fn spawn(cmd: &mut Command) -> Workload {
-        Workload(cmd.stdout(Stdio::null()).spawn().expect("starting a workload"))
+        Workload(
+            cmd.stdout(Stdio::null())
+                .spawn()
+                .expect("starting a workload"),
+        )
     }
 
     fn pid(&self) -> u32 {
@@ -206,7 +214,8 @@ fn build_go(dir: &Path) -> PathBuf {
 
 /// The merged folded stacks (root first) of a selector over the last hour.
 fn folded(f: &Fathom, selector: &str) -> BTreeMap<String, i64> {
-    f.folded(None, selector, "now-1h", "now").unwrap_or_default()
+    f.folded(None, selector, "now-1h", "now")
+        .unwrap_or_default()
 }
 
 fn total(stacks: &BTreeMap<String, i64>) -> i64 {
@@ -214,11 +223,7 @@ fn total(stacks: &BTreeMap<String, i64>) -> i64 {
 }
 
 fn share(stacks: &BTreeMap<String, i64>, pred: impl Fn(&str) -> bool) -> i64 {
-    stacks
-        .iter()
-        .filter(|(s, _)| pred(s))
-        .map(|(_, v)| v)
-        .sum()
+    stacks.iter().filter(|(s, _)| pred(s)).map(|(_, v)| v).sum()
 }
 
 /// Polls `check` until it returns `Ok`, or fails with its last error.
@@ -369,7 +374,9 @@ fn agent_shows_kernel_frames_of_a_syscall_heavy_process() {
         let s = folded(&f, &sel);
         let t = total(&s);
         // User frames below, kernel frames above them.
-        let kernel = share(&s, |x| x.contains("main;") && x.contains("entry_SYSCALL_64"));
+        let kernel = share(&s, |x| {
+            x.contains("main;") && x.contains("entry_SYSCALL_64")
+        });
         if t > 0 && kernel * 2 >= t {
             Ok(())
         } else {
@@ -402,12 +409,15 @@ fn agent_symbolizes_node_jit_frames_from_the_perf_map() {
     let dir = tempfile::tempdir().unwrap();
     let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
     let _agent = Agent::start(&f, dir.path(), &["--push-interval", "5s"]);
+    // V8 writes isolate logs into its working directory.
     let w = Workload::spawn(
         Command::new("node")
             .arg("--perf-basic-prof")
             .arg(sources().join("hot.js"))
-            .arg("60"),
+            .arg("60")
+            .current_dir(dir.path()),
     );
+    let perf_map = format!("/tmp/perf-{}.map", w.pid());
     let sel = format!("{CPU}{{pid=\"{}\"}}", w.pid());
     eventually(Duration::from_secs(40), || {
         let s = folded(&f, &sel);
@@ -419,6 +429,8 @@ fn agent_symbolizes_node_jit_frames_from_the_perf_map() {
             Err(format!("hotJsFunction in {js} of {t}: {s:#?}"))
         }
     });
+    drop(w);
+    let _ = std::fs::remove_file(perf_map);
 }
 
 #[test]
@@ -447,7 +459,11 @@ scrape_configs:
     let agent = Agent::start(
         &f,
         dir.path(),
-        &["--no-cpu-profiling", "--scrape-config", config.to_str().unwrap()],
+        &[
+            "--no-cpu-profiling",
+            "--scrape-config",
+            config.to_str().unwrap(),
+        ],
     );
     let within = Duration::from_secs(60);
     let has = |sel: &str, func: &str| {
@@ -473,7 +489,11 @@ scrape_configs:
     });
     eventually(within, || {
         let types = f
-            .get_json(None, "/api/v1/profile_types", &[("start", "now-1h"), ("end", "now")])
+            .get_json(
+                None,
+                "/api/v1/profile_types",
+                &[("start", "now-1h"), ("end", "now")],
+            )
             .map_err(|e| e.to_string())?;
         let text = types.to_string();
         for t in ["goroutine", "contentions", "inuse_space"] {
@@ -493,7 +513,12 @@ fn agent_without_privileges_fails_with_the_reason() {
     let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
     let port = free_port();
     let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]);
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+    ]);
     let agent = agent_command();
     cmd.arg(agent.get_program()).args(agent.get_args());
     let out = cmd
@@ -503,9 +528,12 @@ fn agent_without_privileges_fails_with_the_reason() {
         .arg(format!("127.0.0.1:{port}"))
         .output()
         .expect("setpriv (util-linux) runs the agent as nobody");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned()
-        + &String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "an unprivileged agent must not pretend to run: {err}");
+    let err =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "an unprivileged agent must not pretend to run: {err}"
+    );
     assert!(
         err.contains("BPF") || err.contains("perf_event_open") || err.contains("BTF"),
         "the error names the cause: {err}"

@@ -295,8 +295,14 @@ impl Collector {
         p.maps_read = Some(now);
         let maps = match read {
             Ok(m) if !m.is_empty() => m,
-            // Gone, a zombie, or in the middle of an exec: keep what we had.
-            _ => {
+            // A kernel thread, a zombie, or a process in the middle of an
+            // exec: keep what we had.
+            Ok(_) => {
+                p.maps_backoff = (p.maps_backoff * 2).min(MAPS_REFRESH_MAX);
+                return;
+            }
+            // Gone.
+            Err(_) => {
                 p.maps_backoff = (p.maps_backoff * 2).min(MAPS_REFRESH_MAX);
                 self.metrics.maps_read_failures.inc();
                 return;

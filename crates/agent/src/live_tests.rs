@@ -481,10 +481,16 @@ fn node_jit_frames_come_from_the_perf_map() {
     assert!(out.status.success());
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integration/agent/hot.js");
+    // V8 writes isolate logs into its working directory.
+    let dir = tempfile::tempdir().unwrap();
     let mut cmd = std::process::Command::new("node");
     cmd.arg("--perf-basic-prof").arg(&script).arg("4");
+    cmd.current_dir(dir.path());
     cmd.stdout(std::process::Stdio::null());
-    let (stacks, _) = profile_child(cmd, 199);
+    let (stacks, labels) = profile_child(cmd, 199);
+    if let Some((_, pid)) = labels.iter().find(|(k, _)| k == "pid") {
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    }
     let (js, total) = share(&stacks, |s| s.contains("hotJsFunction"));
     assert!(total > 100, "{total} samples: {stacks:#?}");
     assert!(

@@ -47,8 +47,19 @@ impl PushServer {
             let mut profiles = Vec::new();
             let mut symbols = Symbols::default();
             for (i, raw) in req.profiles.iter().enumerate() {
+                // `__name__` (the Pyroscope convention for the profile
+                // name, e.g. `process_cpu` or `block`) names the profile
+                // type; it is not a series label.
+                let name_hint = raw
+                    .labels
+                    .iter()
+                    .find(|l| l.name == "__name__")
+                    .map(|l| l.value.clone());
                 let labels = Labels::from_pairs(
-                    raw.labels.iter().map(|l| (l.name.clone(), l.value.clone())),
+                    raw.labels
+                        .iter()
+                        .filter(|l| l.name != "__name__")
+                        .map(|l| (l.name.clone(), l.value.clone())),
                 )
                 .map_err(|e| ApiError::bad_request(format!("profile {i}: labels: {e}")))?;
                 let seed = if raw.profile_id.is_empty() {
@@ -73,7 +84,7 @@ impl PushServer {
                     &prof,
                     &fathom_pprof::NormalizeOptions {
                         labels,
-                        name_hint: None,
+                        name_hint,
                         time_nanos_override: None,
                         duration_nanos_override: None,
                         profile_id_seed: seed,

@@ -1,6 +1,8 @@
 //! End-to-end tests against the real `fathom` binary: one test binary for
 //! the whole crate, one module per area.
 
+#[path = "../../agent/e2e_agent.rs"]
+mod agent;
 mod bad_input;
 mod blocks;
 mod corpus;
