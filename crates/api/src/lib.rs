@@ -95,26 +95,27 @@ fn tracing_error(e: &ApiError) {
 
 /// The tenant of a request: `X-Scope-OrgID`, or `anonymous` when absent.
 pub fn tenant_from_headers(h: &HeaderMap) -> Result<TenantId, ApiError> {
-    match h.get(TENANT_HEADER) {
-        None => Ok(TenantId::anonymous()),
-        Some(v) => {
-            let s = v
-                .to_str()
-                .map_err(|_| ApiError::bad_request("X-Scope-OrgID is not valid ASCII"))?;
-            TenantId::new(s).map_err(|e| ApiError::bad_request(format!("X-Scope-OrgID: {e}")))
-        }
-    }
+    tenant(
+        h.get(TENANT_HEADER).map(|v| v.to_str().ok()),
+        "X-Scope-OrgID",
+    )
 }
 
 /// The tenant of a gRPC call, from the `x-scope-orgid` metadata.
 pub fn tenant_from_metadata(m: &tonic::metadata::MetadataMap) -> Result<TenantId, ApiError> {
-    match m.get(TENANT_HEADER) {
+    tenant(
+        m.get(TENANT_HEADER).map(|v| v.to_str().ok()),
+        "x-scope-orgid",
+    )
+}
+
+/// `header`: absent, not ASCII (`Some(None)`), or a value to validate.
+fn tenant(header: Option<Option<&str>>, name: &str) -> Result<TenantId, ApiError> {
+    match header {
         None => Ok(TenantId::anonymous()),
-        Some(v) => {
-            let s = v
-                .to_str()
-                .map_err(|_| ApiError::bad_request("x-scope-orgid is not valid ASCII"))?;
-            TenantId::new(s).map_err(|e| ApiError::bad_request(format!("x-scope-orgid: {e}")))
+        Some(None) => Err(ApiError::bad_request(format!("{name} is not valid ASCII"))),
+        Some(Some(s)) => {
+            TenantId::new(s).map_err(|e| ApiError::bad_request(format!("{name}: {e}")))
         }
     }
 }

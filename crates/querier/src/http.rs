@@ -104,6 +104,11 @@ async fn matching_series(
     Ok(q.series(&t, sel.as_ref(), r.start, r.end).await?)
 }
 
+/// A label set as a JSON object.
+fn labels_json(l: &fathom_model::Labels) -> serde_json::Map<String, serde_json::Value> {
+    l.iter().map(|(k, v)| (k.to_owned(), json!(v))).collect()
+}
+
 /// Sorted distinct values.
 fn distinct<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     let mut v: Vec<&str> = it.collect();
@@ -142,11 +147,7 @@ async fn series(
     let out: Vec<serde_json::Value> = series
         .iter()
         .map(|s| {
-            let mut m: serde_json::Map<String, serde_json::Value> = s
-                .labels
-                .iter()
-                .map(|(k, v)| (k.to_owned(), json!(v)))
-                .collect();
+            let mut m = labels_json(&s.labels);
             m.insert("__profile_type__".into(), json!(s.profile_type.to_string()));
             serde_json::Value::Object(m)
         })
@@ -186,14 +187,7 @@ async fn query_range(
     let series = q.range(&t, &sel, r.start, r.end, step, group_by).await?;
     let out: Vec<serde_json::Value> = series
         .iter()
-        .map(|s| {
-            let labels: serde_json::Map<String, serde_json::Value> = s
-                .labels
-                .iter()
-                .map(|(k, v)| (k.to_owned(), json!(v)))
-                .collect();
-            json!({ "labels": labels, "points": s.points })
-        })
+        .map(|s| json!({ "labels": labels_json(&s.labels), "points": s.points }))
         .collect();
     Ok(Json(json!({ "series": out })))
 }
