@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go python3-pip nodejs util-linux)
+apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux)
+# Python with pip, unless one is already on PATH (e.g. pyenv).
+python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -16,7 +18,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-python3 -c 'import pyroscope, pyarrow' 2>/dev/null || python3 -m pip install -q 'pyroscope-io==0.8.16' pyarrow
+py_pkgs=('pyroscope-io==0.8.16' pyarrow)
+if ! python3 -c 'import pyroscope, pyarrow' 2>/dev/null; then
+  # Debian's own Python refuses pip installs without this flag (PEP 668).
+  python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
+fi
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
