@@ -148,10 +148,10 @@ async fn ingest_bench(dir: &Path) {
 }
 
 const DAY: i64 = 8640;
-const PT: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 async fn merge_latency(
     http: &reqwest::Client,
+    pt: &str,
     addr: SocketAddr,
     start: i64,
     end: i64,
@@ -165,7 +165,7 @@ async fn merge_latency(
         let r = http
             .get(format!("http://{addr}/api/v1/query"))
             .query(&[
-                ("query", format!("{PT}{{service_name=\"merge-bench\"}}")),
+                ("query", format!("{pt}{{service_name=\"merge-bench\"}}")),
                 ("start", (start * 1000).to_string()),
                 ("end", (end * 1000).to_string()),
                 ("format", "flamegraph".to_owned()),
@@ -189,11 +189,11 @@ fn count(v: &serde_json::Value) -> usize {
         .unwrap_or(0)
 }
 
-/// Real CPU profiles of one process, in file-name order: the ten
-/// consecutive profiles of one Go process (Parca's test data, ~18 stacks
-/// each) or eight CPU profiles of one Kafka JVM (Pyroscope's JFR test data,
-/// ~400 stacks each).
-fn one_service(kind: &str) -> Vec<Vec<u8>> {
+/// Real profiles of one process, in file-name order, and the profile type
+/// to merge: the ten consecutive heap profiles of one Go process (Parca's
+/// test data, ~18 stacks each) or nine CPU profiles of one Kafka JVM
+/// (Pyroscope's JFR test data, ~400 stacks each).
+fn one_service(kind: &str) -> (Vec<Vec<u8>>, &'static str) {
     let (dir, pat) = match kind {
         "go" => ("parca-dev+parca/pkg/query/testdata/many", ""),
         _ => (
@@ -210,14 +210,21 @@ fn one_service(kind: &str) -> Vec<Vec<u8>> {
         })
         .collect();
     files.sort();
-    files.iter().map(|p| std::fs::read(p).unwrap()).collect()
+    let pt = match kind {
+        "go" => "memory:alloc_space:bytes:space:bytes",
+        _ => "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+    };
+    (
+        files.iter().map(|p| std::fs::read(p).unwrap()).collect(),
+        pt,
+    )
 }
 
 async fn merge_bench(dir: &Path, kind: &str) {
-    let profiles = one_service(kind);
+    let (profiles, pt) = one_service(kind);
     assert!(profiles.len() >= 8, "{kind}: {} files", profiles.len());
     println!(
-        "info: merge bench '{kind}': a day of one service cycling {} real CPU profiles",
+        "info: merge bench '{kind}': a day of one service cycling {} real profiles, merging {pt}",
         profiles.len()
     );
     let srv = start(dir).await;
@@ -237,7 +244,7 @@ async fn merge_bench(dir: &Path, kind: &str) {
                 let r = http
                     .post(format!("http://{addr}/ingest"))
                     .query(&[
-                        ("name", "merge-bench.cpu"),
+                        ("name", "merge-bench"),
                         ("format", "pprof"),
                         ("from", from.as_str()),
                         ("until", until.as_str()),
@@ -260,7 +267,7 @@ async fn merge_bench(dir: &Path, kind: &str) {
     );
     let http = reqwest::Client::new();
     let (t_start, t_end) = (base - 1, base + DAY * 10 + 10);
-    let (mut lat, total, nodes) = merge_latency(&http, srv.addr, t_start, t_end, 5).await;
+    let (mut lat, total, nodes) = merge_latency(&http, pt, srv.addr, t_start, t_end, 5).await;
     println!(
         "figure merge_day_head[{kind}]: median {:.3} s, max {:.3} s over 5 runs ({DAY} profiles, total {total}, {nodes} flame graph nodes) [target < 1 s]",
         quantile(&mut lat, 0.5),
@@ -268,8 +275,9 @@ async fn merge_bench(dir: &Path, kind: &str) {
     );
     srv.stop().await; // flushes the head to a block
     let srv = start(dir).await; // empty WAL: blocks alone
-    let (mut cold, total2, _) = merge_latency(&http, srv.addr, t_start, t_end, 1).await;
-    let (mut warm, total3, _) = merge_latency(&http, srv.addr, t_start, t_end, 5).await;
+    let (mut cold, total2, _) = merge_latency(&http, pt, srv.addr, t_start, t_end, 1).await;
+    let (mut warm, total3, _) = merge_latency(&http, pt, srv.addr, t_start, t_end, 5).await;
+    assert!(total > 0, "the merge found the profiles");
     assert_eq!(total, total2, "blocks answer like the head");
     assert_eq!(total, total3);
     println!(
