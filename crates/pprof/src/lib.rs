@@ -8,7 +8,7 @@
 //!  folded text (format=folded)  ─┴──────────────── parse_folded ───────────┘
 //!
 //!  (stack, value) samples + Symbols ─ encode ─► gzip'd pprof   (query format=pprof)
-//!                                   ─ folded_lines ─► "a;b;c" + value (format=folded)
+//!                                   ─ folded_lines ─► "a;b;c" + value (tests, tools)
 //! ```
 //!
 //! - [`decode`] accepts what `go tool pprof` accepts: pprof protobuf, raw
@@ -23,7 +23,10 @@
 //!   [`normalize`] for labels, merging and ids.
 //! - [`parse_folded`] reads Pyroscope/FlameGraph folded stacks; see
 //!   [`folded_profile_type`] for the units mapping.
-//! - [`encode`] and [`folded_lines`] render query results.
+//! - [`encode`] renders query results as pprof; [`folded_lines`] is the
+//!   one-profile folded form the corpus tests compare (the query API's
+//!   folded, top and flame graph output, one or two columns, is rendered by
+//!   the querier).
 //!
 //! `docs/ingest-formats.md` in the repository describes the formats and
 //! rules for users.

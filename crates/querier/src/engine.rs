@@ -503,8 +503,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn id_literal_is_fixed_size() {
-        let e = id_lit(&Id::from_u128(1));
-        assert!(format!("{e}").len() > 16);
+    fn id_literal_carries_the_16_id_bytes() {
+        let id = Id::from_u128(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10);
+        match id_lit(&id) {
+            Expr::Literal(ScalarValue::FixedSizeBinary(16, Some(b)), _) => assert_eq!(b, id.0),
+            other => panic!("not a 16-byte literal: {other:?}"),
+        }
     }
 }
