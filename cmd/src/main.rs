@@ -119,11 +119,18 @@ struct AllArgs {
     /// Threads of the query runtime (DataFusion).
     #[arg(long, env = "FATHOM_QUERY_THREADS", default_value_t = 2)]
     query_threads: usize,
+    /// Memory one SQL query may use for aggregations, sorts and joins.
+    #[arg(long, env = "FATHOM_SQL_MEMORY_LIMIT", default_value = "1GiB", value_parser = parse_size)]
+    sql_memory_limit: usize,
+    /// Wall time one SQL query may take.
+    #[arg(long, env = "FATHOM_SQL_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    sql_timeout: Duration,
 }
 
 impl AllArgs {
     fn config(self) -> AllConfig {
         let limits = fathom_server_limits(&self);
+        let querier = fathom_querier_config(&self);
         AllConfig {
             listen: self.listen,
             data_dir: self.data_dir,
@@ -143,7 +150,7 @@ impl AllArgs {
             max_head_bytes: self.max_head_size,
             shutdown_flush_timeout: self.shutdown_flush_timeout,
             limits,
-            querier: fathom_querier_config(self.max_query_range),
+            querier,
             query_threads: self.query_threads,
         }
     }
@@ -161,9 +168,14 @@ fn fathom_server_limits(a: &AllArgs) -> fathom_server::Limits {
     }
 }
 
-fn fathom_querier_config(max_range: Duration) -> fathom_server::QuerierConfig {
+fn fathom_querier_config(a: &AllArgs) -> fathom_server::QuerierConfig {
     fathom_server::QuerierConfig {
-        max_range_nanos: max_range.as_nanos().min(i64::MAX as u128) as i64,
+        max_range_nanos: a.max_query_range.as_nanos().min(i64::MAX as u128) as i64,
+        sql: fathom_server::SqlConfig {
+            memory_limit: a.sql_memory_limit,
+            timeout: a.sql_timeout,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }

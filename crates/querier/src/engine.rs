@@ -19,7 +19,7 @@ use prometheus_client::registry::Registry;
 
 use crate::{BlockInfo, HeadData, Querier, QueryError};
 
-const STORE_URL: &str = "fathom://store";
+pub(crate) const STORE_URL: &str = "fathom://store";
 
 #[derive(Clone)]
 pub(crate) struct Metrics {
@@ -104,8 +104,8 @@ struct Source {
     exclude: Vec<Id>,
 }
 
-struct Plan {
-    series: HashMap<Id, SeriesRow>,
+pub(crate) struct Plan {
+    pub(crate) series: HashMap<Id, SeriesRow>,
     sources: Vec<Source>,
     profiles: usize,
     period: i64,
@@ -148,7 +148,7 @@ impl Querier {
 
     /// Heads first, then the index: a profile that moves from a head into a
     /// block in between is then seen twice (and deduplicated), never zero times.
-    async fn plan(
+    pub(crate) async fn plan(
         &self,
         tenant: &TenantId,
         sel: &Selector,
@@ -225,7 +225,7 @@ impl Querier {
 
     /// A DataFrame over every source of the plan, filtered to the plan's
     /// series, the time range and each source's unique profiles.
-    async fn frame(
+    pub(crate) async fn frame(
         &self,
         plan: &Plan,
         start: i64,
@@ -353,7 +353,7 @@ impl Querier {
         .await
     }
 
-    async fn resolve(
+    pub(crate) async fn resolve(
         &self,
         tenant: &TenantId,
         plan: &Plan,
@@ -382,6 +382,37 @@ impl Querier {
                 let syms = self.block_symbols(m).await?;
                 out.merge(&syms.subset(missing));
             }
+        }
+        Ok(out)
+    }
+
+    /// Every symbol the plan's sources hold: the heads' stacks in range and
+    /// the blocks' whole tables.
+    pub(crate) async fn all_symbols(
+        &self,
+        tenant: &TenantId,
+        plan: &Plan,
+    ) -> Result<Symbols, QueryError> {
+        let mut head_stacks: HashSet<Id> = HashSet::new();
+        let mut out = Symbols::default();
+        for src in &plan.sources {
+            match &src.kind {
+                SourceKind::Head(batches) => {
+                    for b in batches {
+                        if let Some(ids) = b
+                            .column_by_name("stack_id")
+                            .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
+                        {
+                            head_stacks.extend((0..ids.len()).filter_map(|i| Id::from_slice(ids.value(i))));
+                        }
+                    }
+                }
+                SourceKind::Block(m) => out.merge(&*self.block_symbols(m).await?),
+            }
+        }
+        if !head_stacks.is_empty() {
+            let ids: Vec<Id> = head_stacks.into_iter().collect();
+            out.merge(&self.inner.head.symbols(tenant, &ids).await?);
         }
         Ok(out)
     }

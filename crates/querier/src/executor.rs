@@ -36,4 +36,12 @@ impl Executor {
     {
         self.handle.spawn(fut).await
     }
+
+    /// Starts `fut` on the dedicated runtime without waiting for it.
+    pub fn spawn<F>(&self, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.handle.spawn(fut);
+    }
 }

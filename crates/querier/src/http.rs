@@ -29,12 +29,12 @@ pub fn router(q: Querier) -> axum::Router {
         .with_state(q)
 }
 
-struct Range {
-    start: i64,
-    end: i64,
+pub(crate) struct Range {
+    pub(crate) start: i64,
+    pub(crate) end: i64,
 }
 
-fn range(q: &Querier, p: &HashMap<String, String>, s: &str, e: &str) -> Result<Range, ApiError> {
+pub(crate) fn range(q: &Querier, p: &HashMap<String, String>, s: &str, e: &str) -> Result<Range, ApiError> {
     let now = now_nanos();
     let end = match p.get(e) {
         Some(v) => {
@@ -60,7 +60,7 @@ fn range(q: &Querier, p: &HashMap<String, String>, s: &str, e: &str) -> Result<R
     Ok(Range { start, end })
 }
 
-fn selector(
+pub(crate) fn selector(
     p: &HashMap<String, String>,
     name: &str,
     required: bool,
@@ -105,7 +105,7 @@ async fn matching_series(
 }
 
 /// A label set as a JSON object.
-fn labels_json(l: &fathom_model::Labels) -> serde_json::Map<String, serde_json::Value> {
+pub(crate) fn labels_json(l: &fathom_model::Labels) -> serde_json::Map<String, serde_json::Value> {
     l.iter().map(|(k, v)| (k.to_owned(), json!(v))).collect()
 }
 
@@ -161,8 +161,22 @@ async fn query_range(
     Query(p): Params,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let t = tenant(&h)?;
-    let r = range(&q, &p, "start", "end")?;
-    let sel = selector(&p, "query", true)?.unwrap_or_default();
+    let (sel, r, step, group_by) = range_params(&q, &p)?;
+    let series = q.range(&t, &sel, r.start, r.end, step, group_by).await?;
+    let out: Vec<serde_json::Value> = series
+        .iter()
+        .map(|s| json!({ "labels": labels_json(&s.labels), "points": s.points }))
+        .collect();
+    Ok(Json(json!({ "series": out })))
+}
+
+/// The parameters of a range query: selector, range, step and group_by.
+pub(crate) fn range_params(
+    q: &Querier,
+    p: &HashMap<String, String>,
+) -> Result<(Selector, Range, i64, Vec<String>), ApiError> {
+    let r = range(q, p, "start", "end")?;
+    let sel = selector(p, "query", true)?.unwrap_or_default();
     let span = (r.end - r.start).max(1);
     let step = match p.get("step") {
         Some(s) => parse_step(s)?,
@@ -184,16 +198,11 @@ async fn query_range(
                 .collect()
         })
         .unwrap_or_default();
-    let series = q.range(&t, &sel, r.start, r.end, step, group_by).await?;
-    let out: Vec<serde_json::Value> = series
-        .iter()
-        .map(|s| json!({ "labels": labels_json(&s.labels), "points": s.points }))
-        .collect();
-    Ok(Json(json!({ "series": out })))
+    Ok((sel, r, step, group_by))
 }
 
 /// A step: a duration (`10s`, `1m`) or a number of seconds.
-fn parse_step(s: &str) -> Result<i64, ApiError> {
+pub(crate) fn parse_step(s: &str) -> Result<i64, ApiError> {
     let nanos = if let Ok(secs) = s.parse::<f64>() {
         (secs * 1e9) as i64
     } else {
@@ -297,21 +306,31 @@ async fn query(
     })
 }
 
+/// The two sides of a diff: (selector, range) for left and right.
+#[allow(clippy::type_complexity)]
+pub(crate) fn diff_params(
+    q: &Querier,
+    p: &HashMap<String, String>,
+) -> Result<((Selector, Range), (Selector, Range)), ApiError> {
+    let lr = range(q, p, "left_start", "left_end")?;
+    let rr = range(q, p, "right_start", "right_end")?;
+    let ls = selector(p, "left", true)?.unwrap_or_default();
+    let rs = selector(p, "right", true)?.unwrap_or_default();
+    if ls.profile_type != rs.profile_type {
+        return Err(ApiError::bad_request(
+            "left and right must name the same profile type",
+        ));
+    }
+    Ok(((ls, lr), (rs, rr)))
+}
+
 async fn diff(
     State(q): State<Querier>,
     h: HeaderMap,
     Query(p): Params,
 ) -> Result<Response, ApiError> {
     let t = tenant(&h)?;
-    let lr = range(&q, &p, "left_start", "left_end")?;
-    let rr = range(&q, &p, "right_start", "right_end")?;
-    let ls = selector(&p, "left", true)?.unwrap_or_default();
-    let rs = selector(&p, "right", true)?.unwrap_or_default();
-    if ls.profile_type != rs.profile_type {
-        return Err(ApiError::bad_request(
-            "left and right must name the same profile type",
-        ));
-    }
+    let ((ls, lr), (rs, rr)) = diff_params(&q, &p)?;
     let format = p.get("format").map(String::as_str).unwrap_or("flamegraph");
     if !matches!(format, "folded" | "top" | "flamegraph") {
         return Err(ApiError::bad_request(format!(

@@ -26,8 +26,10 @@
 
 mod engine;
 mod executor;
+mod flight;
 mod http;
 mod render;
+mod sql;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,7 +42,9 @@ use parking_lot::Mutex;
 
 pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;
+pub use flight::{FathomFlight, flight_service};
 pub use http::router;
+pub use sql::{CATALOG, SCHEMA, SqlConfig, SqlError, SqlQuery, TABLES, table_schema};
 pub use render::{FlameNode, OTHER, TopRow, flamegraph, folded, folded_text, top};
 
 /// Errors while answering a query.
@@ -104,6 +108,8 @@ pub struct Config {
     pub max_flame_nodes: usize,
     /// Blocks whose series, profiles and symbols stay cached in memory.
     pub block_cache_entries: usize,
+    /// SQL (Flight SQL) limits.
+    pub sql: SqlConfig,
 }
 
 impl Default for Config {
@@ -113,6 +119,7 @@ impl Default for Config {
             max_points: 11_000,
             max_flame_nodes: 65_536,
             block_cache_entries: 256,
+            sql: SqlConfig::default(),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! mode is the same code, wired locally.
 //!
 //! ```text
-//!            one port (HTTP/1.1 + h2c): /ingest, /api/v1/*, gRPC Push, /metrics, /ready
+//!            one port (HTTP/1.1 + h2c): /ingest, /api/v1/*, gRPC Push, Arrow Flight (SQL), /metrics, /ready
 //!                 │                         │
 //!            distributor ── LocalWriter ──► ingester ── blocks ──► object store
 //!                                             ▲                      │
@@ -183,7 +183,9 @@ pub async fn run_all(
         ready: AtomicBool::new(false),
         registry,
     });
-    let grpc = tonic::service::Routes::new(PushServer::new(distributor.clone())).into_axum_router();
+    let grpc = tonic::service::Routes::new(PushServer::new(distributor.clone()))
+        .add_service(fathom_querier::flight_service(querier.clone()))
+        .into_axum_router();
     let app = axum::Router::new()
         .route("/ready", get(ready))
         .route("/health", get(|| async { "ok\n" }))
@@ -232,4 +234,4 @@ pub async fn run_all(
 }
 
 pub use fathom_distributor::Limits;
-pub use fathom_querier::Config as QuerierConfig;
+pub use fathom_querier::{Config as QuerierConfig, SqlConfig};
