@@ -18,7 +18,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-py_pkgs=('pyroscope-io==0.8.16' pyarrow)
+py_pkgs=('pyroscope-io==0.8.16' pyarrow 'adbc-driver-flightsql>=1.13' 'adbc-driver-manager>=1.13')
 if ! python3 -c 'import pyroscope, pyarrow' 2>/dev/null; then
   # Debian's own Python refuses pip installs without this flag (PEP 668).
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||

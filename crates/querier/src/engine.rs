@@ -28,6 +28,7 @@ pub(crate) struct Metrics {
     pub(crate) cache_hits: Counter,
     pub(crate) cache_misses: Counter,
     pub(crate) rows: Counter,
+    pub(crate) sql_sources: Counter,
 }
 
 impl Metrics {
@@ -40,6 +41,7 @@ impl Metrics {
             cache_hits: Counter::default(),
             cache_misses: Counter::default(),
             rows: Counter::default(),
+            sql_sources: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("fathom_querier");
         r.register("queries", "Queries executed", m.queries.clone());
@@ -59,6 +61,11 @@ impl Metrics {
             m.cache_misses.clone(),
         );
         r.register("result_rows", "Rows produced by DataFusion", m.rows.clone());
+        r.register(
+            "sql_scanned_sources",
+            "Heads and blocks read by SQL scans of profiles and samples (after time and label pushdown)",
+            m.sql_sources.clone(),
+        );
         m
     }
 }
@@ -117,6 +124,13 @@ fn id_lit(id: &Id) -> Expr {
 
 fn time_ok(t: i64, start: i64, end: i64) -> bool {
     t >= start && t <= end
+}
+
+impl Plan {
+    /// Heads and blocks the plan reads.
+    pub(crate) fn source_count(&self) -> usize {
+        self.sources.len()
+    }
 }
 
 impl Querier {
@@ -403,7 +417,9 @@ impl Querier {
                             .column_by_name("stack_id")
                             .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
                         {
-                            head_stacks.extend((0..ids.len()).filter_map(|i| Id::from_slice(ids.value(i))));
+                            head_stacks.extend(
+                                (0..ids.len()).filter_map(|i| Id::from_slice(ids.value(i))),
+                            );
                         }
                     }
                 }

@@ -214,7 +214,10 @@ async fn run_ticket(
         Kind::Merge => {
             let r = range(q, p, "start", "end").map_err(api)?;
             let sel = selector(p, "query", true).map_err(api)?.unwrap_or_default();
-            let m = q.merge(t, &sel, r.start, r.end).await.map_err(|e| api(e.into()))?;
+            let m = q
+                .merge(t, &sel, r.start, r.end)
+                .await
+                .map_err(|e| api(e.into()))?;
             stack_batch(schema, &folded([(&m.samples[..], &m.symbols)]))
         }
         Kind::Diff => {
@@ -361,12 +364,9 @@ impl SqlService {
         let schema = q.schema();
         let rx = self.q.sql_execute(q);
         let batches = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|r| {
-                (
-                    r.map_err(|e| FlightError::Tonic(Box::new(e.into()))),
-                    rx,
-                )
-            })
+            rx.recv()
+                .await
+                .map(|r| (r.map_err(|e| FlightError::Tonic(Box::new(e.into()))), rx))
         });
         Box::pin(
             FlightDataEncoderBuilder::new()
@@ -391,7 +391,11 @@ impl SqlService {
     }
 
     /// The prepared statement `handle` of `tenant`.
-    fn prepared(&self, tenant: &TenantId, handle: &Bytes) -> Result<(String, Option<Vec<ScalarValue>>), Status> {
+    fn prepared(
+        &self,
+        tenant: &TenantId,
+        handle: &Bytes,
+    ) -> Result<(String, Option<Vec<ScalarValue>>), Status> {
         let mut g = self.prepared.lock();
         g.0 += 1;
         let tick = g.0;
@@ -673,11 +677,10 @@ impl FlightSqlService for SqlService {
             let mut g = self.prepared.lock();
             let max = self.q.sql_config().max_prepared.max(1);
             if g.1.len() >= max
-                && let Some(oldest) = g
-                    .1
-                    .iter()
-                    .min_by_key(|(_, p)| p.used)
-                    .map(|(k, _)| k.clone())
+                && let Some(oldest) =
+                    g.1.iter()
+                        .min_by_key(|(_, p)| p.used)
+                        .map(|(k, _)| k.clone())
             {
                 g.1.remove(&oldest);
             }

@@ -34,7 +34,12 @@ pub(crate) struct Range {
     pub(crate) end: i64,
 }
 
-pub(crate) fn range(q: &Querier, p: &HashMap<String, String>, s: &str, e: &str) -> Result<Range, ApiError> {
+pub(crate) fn range(
+    q: &Querier,
+    p: &HashMap<String, String>,
+    s: &str,
+    e: &str,
+) -> Result<Range, ApiError> {
     let now = now_nanos();
     let end = match p.get(e) {
         Some(v) => {

@@ -44,8 +44,8 @@ pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;
 pub use flight::{FathomFlight, flight_service};
 pub use http::router;
-pub use sql::{CATALOG, SCHEMA, SqlConfig, SqlError, SqlQuery, TABLES, table_schema};
 pub use render::{FlameNode, OTHER, TopRow, flamegraph, folded, folded_text, top};
+pub use sql::{CATALOG, SCHEMA, SqlConfig, SqlError, SqlQuery, TABLES, table_schema};
 
 /// Errors while answering a query.
 #[derive(Debug, thiserror::Error)]

@@ -374,7 +374,11 @@ impl TableProvider for Table {
             Some(p) => Arc::new(self.schema.project(p)?),
             None => self.schema.clone(),
         };
-        let cols: Vec<String> = projected.fields().iter().map(|f| f.name().clone()).collect();
+        let cols: Vec<String> = projected
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
         match self.kind {
             Kind::Profiles | Kind::Samples => {
                 let q = &self.q;
@@ -382,6 +386,10 @@ impl TableProvider for Table {
                     .plan(&self.tenant, &pushed.sel, pushed.start, pushed.end)
                     .await
                     .map_err(external)?;
+                q.inner
+                    .metrics
+                    .sql_sources
+                    .inc_by(plan.source_count() as u64);
                 let Some((_ctx, df)) = q
                     .frame(&plan, pushed.start, pushed.end)
                     .await
@@ -408,12 +416,7 @@ impl TableProvider for Table {
                     })
                     .collect();
                 Ok(Arc::new(StreamingTableExec::try_new(
-                    projected,
-                    parts,
-                    None,
-                    None,
-                    false,
-                    limit,
+                    projected, parts, None, None, false, limit,
                 )?))
             }
             Kind::Series | Kind::Stacks | Kind::Functions => {
@@ -617,7 +620,13 @@ impl std::fmt::Debug for Mapper {
 }
 
 impl Mapper {
-    fn new(q: Querier, tenant: TenantId, plan: Arc<Plan>, schema: SchemaRef, cols: Vec<String>) -> Self {
+    fn new(
+        q: Querier,
+        tenant: TenantId,
+        plan: Arc<Plan>,
+        schema: SchemaRef,
+        cols: Vec<String>,
+    ) -> Self {
         let series = plan
             .series
             .iter()
@@ -649,9 +658,8 @@ impl Mapper {
 
     async fn map(&self, b: RecordBatch) -> datafusion::error::Result<RecordBatch> {
         let col = |name: &str| -> datafusion::error::Result<&ArrayRef> {
-            b.column_by_name(name).ok_or_else(|| {
-                DataFusionError::Internal(format!("samples batch without {name}"))
-            })
+            b.column_by_name(name)
+                .ok_or_else(|| DataFusionError::Internal(format!("samples batch without {name}")))
         };
         let ids = |name: &str| -> datafusion::error::Result<&FixedSizeBinaryArray> {
             col(name)?
@@ -986,7 +994,8 @@ impl Querier {
             )
             .build_arc()
             .map_err(|e| SqlError::Internal(e.to_string()))?;
-        let url = ObjectStoreUrl::parse(STORE_URL).map_err(|e| SqlError::Internal(e.to_string()))?;
+        let url =
+            ObjectStoreUrl::parse(STORE_URL).map_err(|e| SqlError::Internal(e.to_string()))?;
         rt.register_object_store(url.as_ref(), self.inner.store.clone());
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(CATALOG, SCHEMA)
@@ -1079,11 +1088,10 @@ impl Querier {
         sql: &str,
     ) -> Result<(SchemaRef, SchemaRef), SqlError> {
         let q = self.sql_plan(tenant, sql, None).await?;
-        let types = q
-            .df
-            .logical_plan()
-            .get_parameter_types()
-            .map_err(|e| SqlError::from_datafusion(e, self.sql_config()))?;
+        let types =
+            q.df.logical_plan()
+                .get_parameter_types()
+                .map_err(|e| SqlError::from_datafusion(e, self.sql_config()))?;
         let mut names: Vec<(usize, String, Option<DataType>)> = types
             .into_iter()
             .filter_map(|(k, t)| {
@@ -1116,11 +1124,10 @@ impl Querier {
             metrics.queries.inc();
             let deadline = tokio::time::Instant::now() + cfg.timeout;
             let run = async {
-                let mut stream = q
-                    .df
-                    .execute_stream()
-                    .await
-                    .map_err(|e| SqlError::from_datafusion(e, &cfg))?;
+                let mut stream =
+                    q.df.execute_stream()
+                        .await
+                        .map_err(|e| SqlError::from_datafusion(e, &cfg))?;
                 while let Some(b) = stream.next().await {
                     let b = b.map_err(|e| SqlError::from_datafusion(e, &cfg))?;
                     metrics.rows.inc_by(b.num_rows() as u64);
@@ -1187,7 +1194,11 @@ mod tests {
         assert_eq!(p.start, 1000 * 1_000_000_000);
         assert_eq!(p.end, 2000 * 1_000_000_000 - 1);
         assert_eq!(
-            p.sel.profile_type.as_ref().map(|t| t.to_string()).as_deref(),
+            p.sel
+                .profile_type
+                .as_ref()
+                .map(|t| t.to_string())
+                .as_deref(),
             Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
         );
         let names: Vec<(&str, &str)> = p

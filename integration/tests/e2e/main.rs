@@ -6,4 +6,5 @@ mod agent;
 mod bad_input;
 mod blocks;
 mod corpus;
+mod flight;
 mod pyroscope_client;
