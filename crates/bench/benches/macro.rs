@@ -5,7 +5,9 @@
 //! 2. merge latency over one day of one service at 10 s (8,640 profiles
 //!    built from the real corpus), from the head, then from blocks alone
 //!    (cold and warm cache);
-//! 3. bytes per stored (profile, stack, value) row after flush.
+//! 3. bytes per stored (profile, stack, value) row after flush;
+//! 4. Flight SQL latency of a per-function aggregation over the same day,
+//!    next to the HTTP merge (real Flight SQL client from `arrow-flight`).
 //!
 //! `FATHOM_BENCH_INGEST_SECS` (default 20) sets the ingest run's length.
 
@@ -182,6 +184,55 @@ async fn merge_latency(
     (lat, total, nodes)
 }
 
+/// Per-function flat totals of the day through Flight SQL: latency per run
+/// and the summed value.
+async fn sql_latency(
+    pt: &str,
+    addr: SocketAddr,
+    start: i64,
+    end: i64,
+    runs: usize,
+) -> (Vec<f64>, i64, usize) {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use futures::TryStreamExt;
+    let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = FlightSqlServiceClient::new(ch);
+    let sql = format!(
+        "SELECT leaf, sum(value) AS flat FROM profiles \
+         WHERE service_name = 'merge-bench' AND profile_type = '{pt}' \
+         AND time >= to_timestamp({start}) AND time <= to_timestamp({end}) \
+         GROUP BY leaf ORDER BY flat DESC"
+    );
+    let mut lat = Vec::new();
+    let (mut total, mut functions) = (0, 0);
+    for _ in 0..runs {
+        let t = Instant::now();
+        let info = c.execute(sql.clone(), None).await.unwrap();
+        let ticket = info.endpoint[0].ticket.clone().unwrap();
+        let batches: Vec<arrow::array::RecordBatch> =
+            c.do_get(ticket).await.unwrap().try_collect().await.unwrap();
+        lat.push(t.elapsed().as_secs_f64());
+        total = batches
+            .iter()
+            .map(|b| {
+                b.column(1)
+                    .as_primitive::<Int64Type>()
+                    .iter()
+                    .flatten()
+                    .sum::<i64>()
+            })
+            .sum();
+        functions = batches.iter().map(|b| b.num_rows()).sum();
+    }
+    (lat, total, functions)
+}
+
 fn count(v: &serde_json::Value) -> usize {
     1 + v["children"]
         .as_array()
@@ -273,6 +324,14 @@ async fn merge_bench(dir: &Path, kind: &str) {
         quantile(&mut lat, 0.5),
         quantile(&mut lat, 1.0)
     );
+    let (mut sql, sql_total, functions) = sql_latency(pt, srv.addr, t_start, t_end, 5).await;
+    assert_eq!(sql_total, total, "SQL sums what the merge sums");
+    println!(
+        "figure sql_per_function_day_head[{kind}]: median {:.3} s, max {:.3} s over 5 runs ({functions} functions; HTTP merge of the same data: median {:.3} s)",
+        quantile(&mut sql, 0.5),
+        quantile(&mut sql, 1.0),
+        quantile(&mut lat, 0.5)
+    );
     srv.stop().await; // flushes the head to a block
     let srv = start(dir).await; // empty WAL: blocks alone
     let (mut cold, total2, _) = merge_latency(&http, pt, srv.addr, t_start, t_end, 1).await;
@@ -286,6 +345,13 @@ async fn merge_bench(dir: &Path, kind: &str) {
     );
     println!(
         "figure merge_day_blocks_warm[{kind}]: median {:.3} s over 5 runs [target < 1 s]",
+        quantile(&mut warm, 0.5)
+    );
+    let (mut sql, sql_total, _) = sql_latency(pt, srv.addr, t_start, t_end, 5).await;
+    assert_eq!(sql_total, total, "SQL from blocks sums what the merge sums");
+    println!(
+        "figure sql_per_function_day_blocks_warm[{kind}]: median {:.3} s over 5 runs (HTTP merge warm: median {:.3} s)",
+        quantile(&mut sql, 0.5),
         quantile(&mut warm, 0.5)
     );
     srv.stop().await;

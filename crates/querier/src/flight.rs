@@ -390,6 +390,18 @@ impl SqlService {
         Ok(Response::new(info))
     }
 
+    /// The FlightInfo of a metadata command: its schema, and the command
+    /// itself as the ticket.
+    fn metadata_info(
+        &self,
+        request: Request<FlightDescriptor>,
+        schema: &Schema,
+        cmd: arrow_flight::sql::Any,
+    ) -> Result<Response<FlightInfo>, Status> {
+        tenant(&request)?;
+        self.info(schema, cmd.encode_to_vec().into(), request.into_inner())
+    }
+
     /// The prepared statement `handle` of `tenant`.
     fn prepared(
         &self,
@@ -453,13 +465,8 @@ impl FlightSqlService for SqlService {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        tenant(&request)?;
-        let schema = query.clone().into_builder().schema();
-        self.info(
-            &schema,
-            query.as_any().encode_to_vec().into(),
-            request.into_inner(),
-        )
+        let any = query.as_any();
+        self.metadata_info(request, &query.into_builder().schema(), any)
     }
 
     async fn get_flight_info_schemas(
@@ -467,13 +474,8 @@ impl FlightSqlService for SqlService {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        tenant(&request)?;
-        let schema = query.clone().into_builder().schema();
-        self.info(
-            &schema,
-            query.as_any().encode_to_vec().into(),
-            request.into_inner(),
-        )
+        let any = query.as_any();
+        self.metadata_info(request, &query.into_builder().schema(), any)
     }
 
     async fn get_flight_info_tables(
@@ -481,13 +483,8 @@ impl FlightSqlService for SqlService {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        tenant(&request)?;
-        let schema = query.clone().into_builder().schema();
-        self.info(
-            &schema,
-            query.as_any().encode_to_vec().into(),
-            request.into_inner(),
-        )
+        let any = query.as_any();
+        self.metadata_info(request, &query.into_builder().schema(), any)
     }
 
     async fn get_flight_info_table_types(
@@ -495,13 +492,8 @@ impl FlightSqlService for SqlService {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        tenant(&request)?;
-        let schema = query.clone().into_builder().schema();
-        self.info(
-            &schema,
-            query.as_any().encode_to_vec().into(),
-            request.into_inner(),
-        )
+        let any = query.as_any();
+        self.metadata_info(request, &query.into_builder().schema(), any)
     }
 
     async fn get_flight_info_sql_info(
@@ -509,12 +501,8 @@ impl FlightSqlService for SqlService {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder(&self.info).schema();
-        self.info(
-            &schema,
-            query.as_any().encode_to_vec().into(),
-            request.into_inner(),
-        )
+        let any = query.as_any();
+        self.metadata_info(request, &query.into_builder(&self.info).schema(), any)
     }
 
     async fn do_get_statement(

@@ -187,7 +187,6 @@ fn literal_str(e: &Expr) -> Option<&str> {
         Expr::Literal(ScalarValue::Utf8(Some(s)), _)
         | Expr::Literal(ScalarValue::Utf8View(Some(s)), _)
         | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _) => Some(s),
-        Expr::Cast(c) => literal_str(&c.expr),
         _ => None,
     }
 }
@@ -219,7 +218,6 @@ fn label_access(e: &Expr) -> Option<&str> {
 fn literal(e: &Expr) -> Option<&ScalarValue> {
     match e {
         Expr::Literal(v, _) => Some(v),
-        Expr::Cast(c) => literal(&c.expr),
         _ => None,
     }
 }
@@ -1177,22 +1175,78 @@ fn timeout_error(cfg: &SqlConfig) -> SqlError {
 mod tests {
     use super::*;
 
-    fn filters(sql_where: &str) -> Vec<Expr> {
-        let ctx = SessionContext::new();
-        let schema = table_schema("profiles").unwrap();
-        let df_schema = datafusion::common::DFSchema::try_from(schema.as_ref().clone()).unwrap();
-        let e = ctx.parse_sql_expr(sql_where, &df_schema).unwrap();
-        datafusion::logical_expr::utils::split_conjunction_owned(e)
+    /// A table that takes every predicate as [`Table`] does, and has no rows.
+    #[derive(Debug)]
+    struct Probe(SchemaRef);
+
+    #[async_trait::async_trait]
+    impl TableProvider for Probe {
+        fn schema(&self) -> SchemaRef {
+            self.0.clone()
+        }
+        fn table_type(&self) -> TableType {
+            TableType::Base
+        }
+        fn supports_filters_pushdown(
+            &self,
+            filters: &[&Expr],
+        ) -> datafusion::error::Result<Vec<TableProviderFilterPushDown>> {
+            Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+        }
+        async fn scan(
+            &self,
+            _state: &dyn Session,
+            projection: Option<&Vec<usize>>,
+            _filters: &[Expr],
+            _limit: Option<usize>,
+        ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+            let schema = match projection {
+                Some(p) => Arc::new(self.0.project(p)?),
+                None => self.0.clone(),
+            };
+            Ok(Arc::new(EmptyExec::new(schema)))
+        }
     }
 
-    #[test]
-    fn time_and_labels_are_pushed_down() {
-        let p = Pushed::from_filters(&filters(
-            "time >= CAST(1000 AS TIMESTAMP) AND time < CAST(2000 AS TIMESTAMP) AND service_name = 'api' AND profile_type = 'process_cpu:cpu:nanoseconds:cpu:nanoseconds' AND labels['env'] = 'prod' AND value > 3",
-        ));
-        // CAST(int AS TIMESTAMP) reads the integer as seconds.
-        assert_eq!(p.start, 1000 * 1_000_000_000);
-        assert_eq!(p.end, 2000 * 1_000_000_000 - 1);
+    /// The predicates a scan of `profiles` receives for `sql_where`, after
+    /// DataFusion's type coercion, simplification and filter pushdown.
+    async fn filters(sql_where: &str) -> Vec<Expr> {
+        use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+        use datafusion::logical_expr::LogicalPlan;
+        let ctx = SessionContext::new();
+        let schema = table_schema("profiles").unwrap();
+        ctx.register_table("profiles", Arc::new(Probe(schema)))
+            .unwrap();
+        let plan = ctx
+            .sql(&format!("SELECT * FROM profiles WHERE {sql_where}"))
+            .await
+            .unwrap()
+            .into_optimized_plan()
+            .unwrap();
+        let mut out = Vec::new();
+        plan.apply(|p| {
+            if let LogicalPlan::TableScan(t) = p {
+                out.extend(t.filters.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn time_and_labels_are_pushed_down() {
+        let p = Pushed::from_filters(
+            &filters(
+                "time >= TIMESTAMP '2024-01-01T00:00:00Z' AND time < TIMESTAMP '2024-01-01T01:00:00Z' \
+                 AND service_name = 'api' AND profile_type = 'process_cpu:cpu:nanoseconds:cpu:nanoseconds' \
+                 AND labels['env'] = 'prod' AND value > 3",
+            )
+            .await,
+        );
+        let t0 = 1_704_067_200_000_000_000i64;
+        assert_eq!(p.start, t0);
+        assert_eq!(p.end, t0 + 3_600_000_000_000 - 1);
         assert_eq!(
             p.sel
                 .profile_type
@@ -1201,22 +1255,38 @@ mod tests {
                 .as_deref(),
             Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
         );
-        let names: Vec<(&str, &str)> = p
+        let mut names: Vec<(&str, &str)> = p
             .sel
             .matchers
             .iter()
             .map(|m| (m.name.as_str(), m.value.as_str()))
             .collect();
-        assert_eq!(names, vec![("service_name", "api"), ("env", "prod")]);
+        names.sort();
+        assert_eq!(names, vec![("env", "prod"), ("service_name", "api")]);
+
+        let p = Pushed::from_filters(
+            &filters("time BETWEEN TIMESTAMP '2024-01-01T00:00:00Z' AND TIMESTAMP '2024-01-01T00:00:10Z'")
+                .await,
+        );
+        assert_eq!((p.start, p.end), (t0, t0 + 10_000_000_000));
+
+        let now = fathom_api::now_nanos();
+        let p = Pushed::from_filters(&filters("time > now() - INTERVAL '1 hour'").await);
+        assert!(
+            (p.start - (now - 3_600_000_000_000)).abs() < 60_000_000_000,
+            "now() - 1h is folded to a literal and pushed: {}",
+            p.start
+        );
+        assert_eq!(p.end, i64::MAX);
     }
 
-    #[test]
-    fn predicates_that_are_not_understood_push_nothing() {
-        let p = Pushed::from_filters(&filters(
-            "time <> CAST(5 AS TIMESTAMP) OR service_name = 'x'",
-        ));
+    #[tokio::test]
+    async fn predicates_that_are_not_understood_push_nothing() {
+        let p = Pushed::from_filters(
+            &filters("time <> TIMESTAMP '2024-01-01T00:00:00Z' OR service_name = 'x'").await,
+        );
         assert_eq!(p, Pushed::default());
-        let p = Pushed::from_filters(&filters("service_name LIKE 'a%'"));
+        let p = Pushed::from_filters(&filters("service_name LIKE 'a%'").await);
         assert_eq!(p, Pushed::default());
     }
 
