@@ -6,6 +6,8 @@
 //! - [`tenant_from_headers`]: the tenant from `X-Scope-OrgID`, validated;
 //! - [`parse_time`]: unix milliseconds, RFC 3339 or `now[-duration]`.
 
+pub mod cluster;
+
 use axum::Json;
 use axum::response::{IntoResponse, Response};
 use fathom_model::TenantId;

@@ -96,7 +96,7 @@ pub(crate) fn mappings_schema() -> SchemaRef {
 }
 
 /// A series and the time span of its profiles in one block or head.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SeriesRow {
     pub series_id: Id,
     pub profile_type: ProfileType,
@@ -106,7 +106,7 @@ pub struct SeriesRow {
 }
 
 /// One profile's header.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProfileRow {
     pub profile_id: Id,
     pub series_id: Id,

@@ -18,6 +18,7 @@
 
 mod http;
 mod push;
+pub mod ring;
 
 use std::sync::Arc;
 

@@ -24,6 +24,7 @@
 //! writes keep being acknowledged (the WAL grows); a crash → replay on start;
 //! a torn WAL tail (crash mid-append, never acknowledged) is truncated.
 
+mod grpc;
 mod head;
 mod wal;
 
@@ -42,6 +43,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use prost::Message;
 
+pub use grpc::{WriteServer, write_service};
 pub use head::HeadSnapshot;
 use head::TenantHead;
 pub use wal::WalError;

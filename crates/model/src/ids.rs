@@ -6,7 +6,9 @@ use xxhash_rust::xxh3::xxh3_128;
 ///
 /// 128 bits keep the birthday bound far out of reach: after 2^40 distinct
 /// stacks the chance of any collision is about 2^-49.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct Id(pub [u8; 16]);
 
 impl Id {

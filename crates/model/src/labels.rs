@@ -4,7 +4,9 @@ use std::fmt;
 pub const SERVICE_NAME: &str = "service_name";
 
 /// A label set, sorted by name with unique names.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Labels(Vec<(String, String)>);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

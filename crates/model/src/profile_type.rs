@@ -3,7 +3,9 @@ use std::str::FromStr;
 
 /// `name:sample_type:sample_unit:period_type:period_unit`, e.g.
 /// `process_cpu:cpu:nanoseconds:cpu:nanoseconds`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct ProfileType {
     pub name: String,
     pub sample_type: String,

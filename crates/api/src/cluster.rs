@@ -1,0 +1,49 @@
+//! What the roles of a cluster need to know about each other, independent
+//! of where it comes from (the metastore in a cluster, a fixed list in
+//! tests and in `fathom all`).
+
+/// One ingester as the others address it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IngesterAddr {
+    /// Unique instance name (stable across restarts of the same ingester).
+    pub id: String,
+    /// gRPC address, `host:port`.
+    pub addr: String,
+}
+
+/// The live ingesters, as the distributor's ring and the querier's head
+/// reads see them.
+#[async_trait::async_trait]
+pub trait Ingesters: Send + Sync + 'static {
+    /// Every live ingester; an error when membership cannot be read.
+    async fn ingesters(&self) -> Result<Vec<IngesterAddr>, String>;
+}
+
+/// A fixed set of ingesters.
+#[derive(Clone, Debug, Default)]
+pub struct StaticIngesters(pub Vec<IngesterAddr>);
+
+#[async_trait::async_trait]
+impl Ingesters for StaticIngesters {
+    async fn ingesters(&self) -> Result<Vec<IngesterAddr>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+/// Writes a quorum of `replication_factor` replicas must acknowledge.
+pub fn quorum(replication_factor: usize) -> usize {
+    replication_factor / 2 + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_is_a_majority() {
+        assert_eq!(quorum(1), 1);
+        assert_eq!(quorum(2), 2);
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(5), 3);
+    }
+}

@@ -1,0 +1,432 @@
+//! Replication: each (tenant, label set) goes to `replication_factor`
+//! ingesters chosen by rendezvous hashing over the live ones; a write is
+//! acknowledged when a quorum of them acknowledged it.
+//!
+//! ```text
+//!  batch ──► group profiles by (tenant, labels) ──► replicas by rendezvous hash
+//!               │                                        │
+//!               └─ per group: profiles + the symbols     ├─► ingester a ─┐
+//!                  their stacks need                     ├─► ingester b ─┼─ quorum (2 of 3)?
+//!                                                        └─► ingester c ─┘
+//! ```
+//!
+//! The hash is xxh3-64 over the ingester's id and the series key, written
+//! byte by byte (never through std's `DefaultHasher`, which may change
+//! between builds), so every distributor of every version picks the same
+//! replicas for the same series and live set. When an ingester leaves the
+//! live set, only the series it held move.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fathom_api::cluster::{IngesterAddr, Ingesters, quorum};
+use fathom_model::{Id, IdHasher, IngestBatch, Labels, Symbols, TenantId};
+use fathom_proto::ingester::WriteRequest;
+use fathom_proto::ingester::ingester_service_client::IngesterServiceClient;
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use rendezvous_hash::{KeyValueNode, NodeHasher, RendezvousNodes};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{IngesterWriter, WriteError};
+
+/// The key a series is placed by: tenant and labels (not the profile type,
+/// so every type of one profile lands on the same ingesters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingKey(pub Id);
+
+impl Hash for RingKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(&self.0.0);
+    }
+}
+
+impl RingKey {
+    pub fn of(tenant: &TenantId, labels: &Labels) -> RingKey {
+        let mut h = IdHasher::new("ring");
+        h.str(tenant.as_str()).u64(labels.len() as u64);
+        for (k, v) in labels.iter() {
+            h.str(k).str(v);
+        }
+        RingKey(h.finish())
+    }
+}
+
+/// xxh3-64 of (ingester id, key): stable across builds and versions.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StableHasher;
+
+impl NodeHasher<String> for StableHasher {
+    fn hash<T: Hash>(&self, node: &String, item: &T) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(node.as_bytes());
+        h.update(&[0xff]);
+        item.hash(&mut h);
+        h.digest()
+    }
+}
+
+/// The `n` ingesters that hold `key`, best first.
+pub fn replicas(live: &[IngesterAddr], key: &RingKey, n: usize) -> Vec<IngesterAddr> {
+    let mut nodes = RendezvousNodes::new(StableHasher);
+    for m in live {
+        nodes.insert(KeyValueNode::new(m.id.clone(), m.addr.clone()));
+    }
+    nodes
+        .calc_candidates(key)
+        .take(n)
+        .map(|n| IngesterAddr {
+            id: n.key.clone(),
+            addr: n.value.clone(),
+        })
+        .collect()
+}
+
+/// Sends one write to one ingester.
+#[async_trait::async_trait]
+pub trait ReplicaClient: Send + Sync + 'static {
+    async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), String>;
+}
+
+/// [`ReplicaClient`] over gRPC, one lazily connected channel per address.
+pub struct GrpcReplicas {
+    channels: Mutex<HashMap<String, Channel>>,
+    timeout: Duration,
+}
+
+impl GrpcReplicas {
+    pub fn new(timeout: Duration) -> Self {
+        GrpcReplicas {
+            channels: Mutex::new(HashMap::new()),
+            timeout,
+        }
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        if let Some(c) = self.channels.lock().get(addr) {
+            return Ok(c.clone());
+        }
+        let ch = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("ingester address {addr}: {e}"))?
+            .connect_timeout(self.timeout)
+            .timeout(self.timeout)
+            .connect_lazy();
+        self.channels.lock().insert(addr.to_owned(), ch.clone());
+        Ok(ch)
+    }
+}
+
+#[async_trait::async_trait]
+impl ReplicaClient for GrpcReplicas {
+    async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), String> {
+        let ch = self.channel(&to.addr)?;
+        IngesterServiceClient::new(ch)
+            .max_encoding_message_size(64 << 20)
+            .write(req)
+            .await
+            .map(|_| ())
+            .map_err(|s| format!("{} ({}): {}", to.id, to.addr, s.message()))
+    }
+}
+
+#[derive(Clone, Default)]
+struct RingMetrics {
+    replica_writes: Family<Vec<(String, String)>, Counter>,
+    quorum_failures: Counter,
+}
+
+/// The distributor's write target in a cluster.
+pub struct ReplicatedWriter {
+    ingesters: Arc<dyn Ingesters>,
+    client: Arc<dyn ReplicaClient>,
+    replication_factor: usize,
+    metrics: RingMetrics,
+}
+
+impl ReplicatedWriter {
+    pub fn new(
+        ingesters: Arc<dyn Ingesters>,
+        client: Arc<dyn ReplicaClient>,
+        replication_factor: usize,
+        registry: &mut Registry,
+    ) -> Self {
+        let metrics = RingMetrics::default();
+        let r = registry.sub_registry_with_prefix("fathom_distributor");
+        r.register(
+            "replica_writes",
+            "Writes to ingester replicas by outcome",
+            metrics.replica_writes.clone(),
+        );
+        r.register(
+            "quorum_failures",
+            "Batches refused because too few replicas acknowledged",
+            metrics.quorum_failures.clone(),
+        );
+        ReplicatedWriter {
+            ingesters,
+            client,
+            replication_factor: replication_factor.max(1),
+            metrics,
+        }
+    }
+}
+
+/// Splits a batch into groups that share a replica key.
+fn groups(batch: IngestBatch) -> Vec<(RingKey, IngestBatch)> {
+    let IngestBatch {
+        tenant,
+        profiles,
+        symbols,
+    } = batch;
+    let mut by: HashMap<Id, (RingKey, Vec<fathom_model::Profile>)> = HashMap::new();
+    for p in profiles {
+        let k = RingKey::of(&tenant, &p.labels);
+        by.entry(k.0).or_insert_with(|| (k, Vec::new())).1.push(p);
+    }
+    let single = by.len() == 1;
+    by.into_values()
+        .map(|(k, profiles)| {
+            let syms: Symbols = if single {
+                symbols.clone()
+            } else {
+                symbols.subset(profiles.iter().flat_map(|p| p.samples.iter().map(|s| &s.stack)))
+            };
+            (
+                k,
+                IngestBatch {
+                    tenant: tenant.clone(),
+                    profiles,
+                    symbols: syms,
+                },
+            )
+        })
+        .collect()
+}
+
+#[async_trait::async_trait]
+impl IngesterWriter for ReplicatedWriter {
+    async fn write(&self, batch: IngestBatch) -> Result<(), WriteError> {
+        let live = self
+            .ingesters
+            .ingesters()
+            .await
+            .map_err(|e| WriteError::Unavailable(format!("reading the ingester ring: {e}")))?;
+        let rf = self.replication_factor;
+        let need = quorum(rf);
+        if live.len() < need {
+            self.metrics.quorum_failures.inc();
+            return Err(WriteError::Unavailable(format!(
+                "{} live ingesters, a write needs {need} of {rf} replicas; retry later",
+                live.len()
+            )));
+        }
+        let writes = groups(batch).into_iter().map(|(key, group)| {
+            let targets = replicas(&live, &key, rf);
+            let req = WriteRequest::from(&group);
+            async move {
+                let sends = targets.iter().map(|t| {
+                    let req = req.clone();
+                    async move { (t, self.client.write(t, req).await) }
+                });
+                let results = futures::future::join_all(sends).await;
+                let mut ok = 0;
+                let mut errors = Vec::new();
+                for (t, r) in results {
+                    match r {
+                        Ok(()) => {
+                            ok += 1;
+                            self.metrics
+                                .replica_writes
+                                .get_or_create(&vec![("outcome".into(), "ok".into())])
+                                .inc();
+                        }
+                        Err(e) => {
+                            tracing::warn!(ingester = %t.id, error = %e, "replica write failed");
+                            self.metrics
+                                .replica_writes
+                                .get_or_create(&vec![("outcome".into(), "error".into())])
+                                .inc();
+                            errors.push(e);
+                        }
+                    }
+                }
+                // With fewer live ingesters than the factor, every one of
+                // them must take the write (and at least a quorum).
+                if ok >= need {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} of {} replicas failed (a write needs {need} of {rf}): {}",
+                        targets.len() - ok,
+                        targets.len(),
+                        errors.join("; ")
+                    ))
+                }
+            }
+        });
+        let results = futures::future::join_all(writes).await;
+        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            self.metrics.quorum_failures.inc();
+            Err(WriteError::Unavailable(format!(
+                "not acknowledged, retry: {}",
+                errors.join(" | ")
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fathom_api::cluster::StaticIngesters;
+    use std::collections::{BTreeMap, HashSet};
+
+    fn members(n: usize) -> Vec<IngesterAddr> {
+        (0..n)
+            .map(|i| IngesterAddr {
+                id: format!("ingester-{i}"),
+                addr: format!("127.0.0.1:{}", 9000 + i),
+            })
+            .collect()
+    }
+
+    fn key(i: usize) -> RingKey {
+        let labels = Labels::from_pairs([("service_name", format!("svc{i}"))]).unwrap();
+        RingKey::of(&TenantId::new("t").unwrap(), &labels)
+    }
+
+    #[test]
+    fn placement_is_stable_and_spread() {
+        let live = members(5);
+        let pinned: Vec<String> = replicas(&live, &key(0), 3).into_iter().map(|m| m.id).collect();
+        let again: Vec<String> = replicas(&live, &key(0), 3).into_iter().map(|m| m.id).collect();
+        assert_eq!(pinned, again);
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for i in 0..1000 {
+            let r = replicas(&live, &key(i), 3);
+            assert_eq!(r.len(), 3);
+            assert_eq!(r.iter().map(|m| &m.id).collect::<HashSet<_>>().len(), 3);
+            for m in r {
+                *counts.entry(m.id).or_default() += 1;
+            }
+        }
+        // 3000 placements over 5 ingesters: each near 600.
+        for (id, c) in &counts {
+            assert!((450..750).contains(c), "{id} holds {c} of 3000");
+        }
+    }
+
+    #[test]
+    fn losing_an_ingester_moves_only_its_series() {
+        let live = members(4);
+        let fewer: Vec<IngesterAddr> = live[1..].to_vec();
+        for i in 0..500 {
+            let before = replicas(&live, &key(i), 3);
+            let after = replicas(&fewer, &key(i), 3);
+            let kept: Vec<&IngesterAddr> = before.iter().filter(|m| m.id != live[0].id).collect();
+            for m in kept {
+                assert!(after.contains(m), "series {i} moved off a live ingester");
+            }
+        }
+    }
+
+    #[test]
+    fn hash_is_pinned() {
+        // Changing the hash moves every series: this value must not change.
+        let h = StableHasher.hash(&"ingester-a".to_owned(), &RingKey(Id::from_u128(42)));
+        assert_eq!(h, 13_786_487_932_972_525_577);
+        // ... which is xxh3 of the id, a separator and the key's 16 bytes.
+        assert_eq!(h, {
+            let mut x = xxhash_rust::xxh3::Xxh3::new();
+            x.update(b"ingester-a\xff");
+            x.update(&Id::from_u128(42).0);
+            x.digest()
+        });
+    }
+
+    struct Fake {
+        down: HashSet<String>,
+        got: Mutex<Vec<(String, usize)>>,
+    }
+
+    #[async_trait::async_trait]
+    impl ReplicaClient for Fake {
+        async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), String> {
+            if self.down.contains(&to.id) {
+                return Err(format!("{} is down", to.id));
+            }
+            self.got.lock().push((to.id.clone(), req.profiles.len()));
+            Ok(())
+        }
+    }
+
+    fn batch(services: usize) -> IngestBatch {
+        let mut profiles = Vec::new();
+        for i in 0..services {
+            profiles.push(fathom_model::Profile {
+                id: Id::from_u128(i as u128 + 1),
+                profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".parse().unwrap(),
+                labels: Labels::from_pairs([("service_name", format!("svc{i}"))]).unwrap(),
+                time_nanos: 1,
+                duration_nanos: 1,
+                period: 1,
+                samples: vec![],
+            });
+        }
+        IngestBatch {
+            tenant: TenantId::new("t").unwrap(),
+            profiles,
+            symbols: Symbols::default(),
+        }
+    }
+
+    fn writer(down: &[&str], live: usize) -> (ReplicatedWriter, Arc<Fake>) {
+        let fake = Arc::new(Fake {
+            down: down.iter().map(|s| s.to_string()).collect(),
+            got: Mutex::new(Vec::new()),
+        });
+        let w = ReplicatedWriter::new(
+            Arc::new(StaticIngesters(members(live))),
+            fake.clone(),
+            3,
+            &mut Registry::default(),
+        );
+        (w, fake)
+    }
+
+    #[tokio::test]
+    async fn quorum_of_three() {
+        let (w, fake) = writer(&[], 3);
+        w.write(batch(4)).await.unwrap();
+        // Every profile on all three ingesters.
+        let total: usize = fake.got.lock().iter().map(|g| g.1).sum();
+        assert_eq!(total, 12);
+
+        let (w, _) = writer(&["ingester-1"], 3);
+        w.write(batch(4)).await.expect("2 of 3 is a quorum");
+
+        let (w, _) = writer(&["ingester-1", "ingester-2"], 3);
+        let e = w.write(batch(4)).await.unwrap_err();
+        let WriteError::Unavailable(m) = e else {
+            panic!("retryable")
+        };
+        assert!(m.contains("2 of 3 replicas failed"), "{m}");
+    }
+
+    #[tokio::test]
+    async fn too_few_live_ingesters() {
+        let (w, _) = writer(&[], 1);
+        let e = w.write(batch(1)).await.unwrap_err();
+        assert!(e.to_string().contains("1 live ingesters"), "{e}");
+        let (w, fake) = writer(&[], 2);
+        w.write(batch(1)).await.expect("2 live of 3 still make a quorum");
+        assert_eq!(fake.got.lock().len(), 2);
+    }
+}

@@ -1,0 +1,38 @@
+//! `fathom.ingester.v1.IngesterService`: the distributors' writes to this
+//! ingester. A write is acknowledged once it is in the WAL (fsync'd) and the
+//! head, exactly as in-process writes.
+
+use std::sync::Arc;
+
+use fathom_model::IngestBatch;
+use fathom_proto::ingester::ingester_service_server::{IngesterService, IngesterServiceServer};
+use fathom_proto::ingester::{WriteRequest, WriteResponse};
+use tonic::{Request, Response, Status};
+
+use crate::{Error, Ingester};
+
+/// The gRPC write service of `ingester`.
+pub fn write_service(ingester: Arc<Ingester>) -> IngesterServiceServer<WriteServer> {
+    IngesterServiceServer::new(WriteServer(ingester))
+        .max_decoding_message_size(64 << 20)
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+}
+
+/// See [`write_service`].
+pub struct WriteServer(Arc<Ingester>);
+
+#[tonic::async_trait]
+impl IngesterService for WriteServer {
+    async fn write(
+        &self,
+        request: Request<WriteRequest>,
+    ) -> Result<Response<WriteResponse>, Status> {
+        let batch = IngestBatch::try_from(request.into_inner())
+            .map_err(|e| Status::invalid_argument(format!("write request: {e}")))?;
+        match self.0.write(&batch).await {
+            Ok(_) => Ok(Response::new(WriteResponse {})),
+            Err(e @ Error::ShuttingDown) => Err(Status::unavailable(e.to_string())),
+            Err(e) => Err(Status::unavailable(format!("ingester: {e}"))),
+        }
+    }
+}
