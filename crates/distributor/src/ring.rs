@@ -193,7 +193,11 @@ fn groups(batch: IngestBatch) -> Vec<(RingKey, IngestBatch)> {
             let syms: Symbols = if single {
                 symbols.clone()
             } else {
-                symbols.subset(profiles.iter().flat_map(|p| p.samples.iter().map(|s| &s.stack)))
+                symbols.subset(
+                    profiles
+                        .iter()
+                        .flat_map(|p| p.samples.iter().map(|s| &s.stack)),
+                )
             };
             (
                 k,
@@ -305,8 +309,14 @@ mod tests {
     #[test]
     fn placement_is_stable_and_spread() {
         let live = members(5);
-        let pinned: Vec<String> = replicas(&live, &key(0), 3).into_iter().map(|m| m.id).collect();
-        let again: Vec<String> = replicas(&live, &key(0), 3).into_iter().map(|m| m.id).collect();
+        let pinned: Vec<String> = replicas(&live, &key(0), 3)
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        let again: Vec<String> = replicas(&live, &key(0), 3)
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
         assert_eq!(pinned, again);
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for i in 0..1000 {
@@ -372,7 +382,9 @@ mod tests {
         for i in 0..services {
             profiles.push(fathom_model::Profile {
                 id: Id::from_u128(i as u128 + 1),
-                profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".parse().unwrap(),
+                profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+                    .parse()
+                    .unwrap(),
                 labels: Labels::from_pairs([("service_name", format!("svc{i}"))]).unwrap(),
                 time_nanos: 1,
                 duration_nanos: 1,
@@ -426,7 +438,9 @@ mod tests {
         let e = w.write(batch(1)).await.unwrap_err();
         assert!(e.to_string().contains("1 live ingesters"), "{e}");
         let (w, fake) = writer(&[], 2);
-        w.write(batch(1)).await.expect("2 live of 3 still make a quorum");
+        w.write(batch(1))
+            .await
+            .expect("2 live of 3 still make a quorum");
         assert_eq!(fake.got.lock().len(), 2);
     }
 }

@@ -5,7 +5,16 @@ pub const SERVICE_NAME: &str = "service_name";
 
 /// A label set, sorted by name with unique names.
 #[derive(
-    Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 pub struct Labels(Vec<(String, String)>);
 

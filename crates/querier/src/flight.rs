@@ -53,14 +53,20 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::http::{diff_params, range, range_params, selector};
 use crate::render::folded;
 use crate::sql::{CATALOG, SCHEMA, TABLES, labels_type, stack_type, table_schema};
-use crate::{Querier, SqlQuery};
+use crate::{HeadSource, Querier, SqlQuery};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-/// The Flight service of a querier: Flight (JSON tickets) and Flight SQL.
-pub fn flight_service(q: Querier) -> FlightServiceServer<FathomFlight> {
+/// The Flight service of a querier: Flight (JSON tickets) and Flight SQL;
+/// with `head`, also the head reads of [`crate::FlightHeads`] (a process
+/// that runs an ingester).
+pub fn flight_service(
+    q: Option<Querier>,
+    head: Option<Arc<dyn HeadSource>>,
+) -> FlightServiceServer<FathomFlight> {
     FlightServiceServer::new(FathomFlight {
-        sql: Arc::new(SqlService::new(q)),
+        sql: q.map(|q| Arc::new(SqlService::new(q))),
+        head,
     })
     .max_decoding_message_size(16 << 20)
 }
@@ -712,10 +718,106 @@ impl FlightSqlService for SqlService {
 
 /// Flight (JSON tickets) in front of Flight SQL.
 pub struct FathomFlight {
-    sql: Arc<SqlService>,
+    sql: Option<Arc<SqlService>>,
+    head: Option<Arc<dyn HeadSource>>,
+}
+
+/// What a head-read ticket names (see [`crate::FlightHeads`]).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum HeadTicket {
+    /// Series, profiles (app metadata, JSON) and samples (batches) of the
+    /// heads in `[start, end]`.
+    Head { start: i64, end: i64 },
+    /// The symbols of these stacks (hex ids), as a `WriteRequest` without
+    /// profiles in the app metadata.
+    HeadSymbols { stacks: Vec<String> },
+}
+
+/// The series and profiles of a head read, in the app metadata.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct HeadMeta {
+    pub(crate) series: Vec<fathom_block::SeriesRow>,
+    pub(crate) profiles: Vec<fathom_block::ProfileRow>,
 }
 
 impl FathomFlight {
+    fn sql(&self) -> Result<&SqlService, Status> {
+        self.sql.as_deref().ok_or_else(|| {
+            Status::unimplemented("this process runs no querier: send queries and SQL to a querier")
+        })
+    }
+
+    fn head(&self) -> Result<&Arc<dyn HeadSource>, Status> {
+        self.head
+            .as_ref()
+            .ok_or_else(|| Status::unimplemented("this process holds no ingester head"))
+    }
+
+    /// Answers a head-read ticket.
+    async fn do_get_head(
+        &self,
+        tenant: &TenantId,
+        ticket: HeadTicket,
+    ) -> Result<BoxStream<FlightData>, Status> {
+        let head = self.head()?;
+        let unavailable = |e: crate::QueryError| Status::unavailable(e.to_string());
+        match ticket {
+            HeadTicket::Head { start, end } => {
+                let mut series = Vec::new();
+                let mut profiles = Vec::new();
+                let mut samples = Vec::new();
+                for h in head
+                    .snapshot(tenant, start, end)
+                    .await
+                    .map_err(unavailable)?
+                {
+                    series.extend(h.series);
+                    profiles.extend(h.profiles);
+                    samples.extend(h.samples);
+                }
+                let meta = serde_json::to_vec(&HeadMeta { series, profiles })
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                Ok(Box::pin(
+                    FlightDataEncoderBuilder::new()
+                        .with_schema(fathom_block::samples_schema())
+                        .with_metadata(meta.into())
+                        .build(futures::stream::iter(samples.into_iter().map(Ok)))
+                        .map_err(Status::from),
+                ))
+            }
+            HeadTicket::HeadSymbols { stacks } => {
+                const MAX: usize = 1 << 20;
+                if stacks.len() > MAX {
+                    return Err(Status::invalid_argument(format!(
+                        "at most {MAX} stacks per symbol read"
+                    )));
+                }
+                let ids: Vec<fathom_model::Id> = stacks
+                    .iter()
+                    .map(|h| {
+                        fathom_model::Id::from_hex(h).ok_or_else(|| {
+                            Status::invalid_argument(format!("stack id {h:?} is not 32 hex digits"))
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                let symbols = head.symbols(tenant, &ids).await.map_err(unavailable)?;
+                let req = fathom_proto::ingester::WriteRequest::from(&fathom_model::IngestBatch {
+                    tenant: tenant.clone(),
+                    profiles: Vec::new(),
+                    symbols,
+                });
+                Ok(Box::pin(
+                    FlightDataEncoderBuilder::new()
+                        .with_schema(Arc::new(Schema::empty()))
+                        .with_metadata(req.encode_to_vec().into())
+                        .build(futures::stream::empty())
+                        .map_err(Status::from),
+                ))
+            }
+        }
+    }
+
     fn json_info(
         &self,
         descriptor: FlightDescriptor,
@@ -740,14 +842,14 @@ impl FlightService for FathomFlight {
         &self,
         request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        FlightService::handshake(self.sql.as_ref(), request).await
+        FlightService::handshake(self.sql()?, request).await
     }
 
     async fn list_flights(
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        FlightService::list_flights(self.sql.as_ref(), request).await
+        FlightService::list_flights(self.sql()?, request).await
     }
 
     async fn get_flight_info(
@@ -755,18 +857,18 @@ impl FlightService for FathomFlight {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         if !is_json(&request.get_ref().cmd) {
-            return FlightService::get_flight_info(self.sql.as_ref(), request).await;
+            return FlightService::get_flight_info(self.sql()?, request).await;
         }
         tenant(&request)?;
         let (kind, ticket, descriptor) = self.json_info(request.into_inner())?;
-        self.sql.info(&kind.schema(), ticket, descriptor)
+        self.sql()?.info(&kind.schema(), ticket, descriptor)
     }
 
     async fn poll_flight_info(
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
-        FlightService::poll_flight_info(self.sql.as_ref(), request).await
+        FlightService::poll_flight_info(self.sql()?, request).await
     }
 
     async fn get_schema(
@@ -789,7 +891,7 @@ impl FlightService for FathomFlight {
                 "GetSchema takes a JSON query or a Flight SQL CommandStatementQuery",
             ));
         };
-        let planned = self.sql.plan(&t, &cmd.query, None).await?;
+        let planned = self.sql()?.plan(&t, &cmd.query, None).await?;
         let r: SchemaResult = SchemaAsIpc::new(&planned.schema(), &IpcWriteOptions::default())
             .try_into()
             .map_err(arrow_status)?;
@@ -801,12 +903,14 @@ impl FlightService for FathomFlight {
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         if !is_json(&request.get_ref().ticket) {
-            return FlightService::do_get(self.sql.as_ref(), request).await;
+            return FlightService::do_get(self.sql()?, request).await;
         }
         let t = tenant(&request)?;
+        if let Ok(head) = serde_json::from_slice::<HeadTicket>(&request.get_ref().ticket) {
+            return Ok(Response::new(self.do_get_head(&t, head).await?));
+        }
         let p = json_params(&request.get_ref().ticket)?;
-        let q = self.sql.q.clone();
-        let batch = run_ticket(&q, &t, &p).await?;
+        let batch = run_ticket(&self.sql()?.q, &t, &p).await?;
         Ok(Response::new(one_batch(batch)))
     }
 
@@ -814,28 +918,28 @@ impl FlightService for FathomFlight {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        FlightService::do_put(self.sql.as_ref(), request).await
+        FlightService::do_put(self.sql()?, request).await
     }
 
     async fn do_exchange(
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        FlightService::do_exchange(self.sql.as_ref(), request).await
+        FlightService::do_exchange(self.sql()?, request).await
     }
 
     async fn do_action(
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
-        FlightService::do_action(self.sql.as_ref(), request).await
+        FlightService::do_action(self.sql()?, request).await
     }
 
     async fn list_actions(
         &self,
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        FlightService::list_actions(self.sql.as_ref(), request).await
+        FlightService::list_actions(self.sql()?, request).await
     }
 }
 

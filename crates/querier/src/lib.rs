@@ -28,6 +28,7 @@ mod engine;
 mod executor;
 mod flight;
 mod http;
+mod remote;
 mod render;
 mod sql;
 
@@ -44,6 +45,7 @@ pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;
 pub use flight::{FathomFlight, flight_service};
 pub use http::router;
+pub use remote::FlightHeads;
 pub use render::{FlameNode, OTHER, TopRow, flamegraph, folded, folded_text, top};
 pub use sql::{CATALOG, SCHEMA, SqlConfig, SqlError, SqlQuery, TABLES, table_schema};
 

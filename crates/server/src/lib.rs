@@ -17,6 +17,7 @@
 //! accepting, drain requests, flush the heads to blocks (bounded in time;
 //! what does not make it stays in the WAL).
 
+mod roles;
 mod store;
 
 use std::net::SocketAddr;
@@ -36,6 +37,10 @@ use fathom_model::{Id, IngestBatch, Symbols, TenantId};
 use fathom_querier::{Executor, HeadData, HeadSource, Querier, QueryError};
 use prometheus_client::registry::Registry;
 
+pub use roles::{
+    DistributorConfig, IngesterConfig, QuerierRoleConfig, distributor_app, ingester_app,
+    querier_app,
+};
 pub use store::{ObjectStoreConfig, StoreKind};
 
 #[derive(Debug, thiserror::Error)]
@@ -179,27 +184,50 @@ pub async fn run_all(
         Arc::new(LocalWriter(ingester.clone())),
         &mut registry,
     );
+    let grpc = tonic::service::Routes::new(PushServer::new(distributor.clone()))
+        .add_service(fathom_querier::flight_service(Some(querier.clone()), None))
+        .into_axum_router();
+    let app = axum::Router::new()
+        .merge(fathom_distributor::router(distributor))
+        .merge(fathom_querier::router(querier))
+        .merge(grpc);
+    serve(
+        cfg.listen,
+        registry,
+        app,
+        Some(ingester),
+        cfg.shutdown_flush_timeout,
+        shutdown,
+    )
+    .await
+}
+
+/// One process's port: the roles' routes plus `/ready`, `/health`,
+/// `/metrics`; ready once bound (and, with an ingester, its WAL replayed);
+/// on shutdown, drains requests and flushes the ingester's heads.
+pub async fn serve(
+    listen: SocketAddr,
+    registry: Registry,
+    app: axum::Router,
+    ingester: Option<Arc<Ingester>>,
+    shutdown_flush_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     let shared = Arc::new(Shared {
         ready: AtomicBool::new(false),
         registry,
     });
-    let grpc = tonic::service::Routes::new(PushServer::new(distributor.clone()))
-        .add_service(fathom_querier::flight_service(querier.clone()))
-        .into_axum_router();
     let app = axum::Router::new()
         .route("/ready", get(ready))
         .route("/health", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .with_state(shared.clone())
-        .merge(fathom_distributor::router(distributor))
-        .merge(fathom_querier::router(querier))
-        .merge(grpc)
+        .merge(app)
         .fallback(not_found);
-
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| Error::Io {
-            what: format!("binding {}", cfg.listen),
+            what: format!("binding {listen}"),
             source,
         })?;
     let local = listener.local_addr().map_err(|source| Error::Io {
@@ -207,13 +235,11 @@ pub async fn run_all(
         source,
     })?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let flusher = tokio::spawn(ingester.clone().run_flush_loop(stop_rx));
+    let flusher = ingester
+        .clone()
+        .map(|i| tokio::spawn(i.run_flush_loop(stop_rx)));
     shared.ready.store(true, Ordering::Release);
-    tracing::info!(
-        listen = %local,
-        data_dir = %cfg.data_dir.display(),
-        "fathom is ready: HTTP and gRPC on one port"
-    );
+    tracing::info!(listen = %local, "fathom is ready: HTTP and gRPC on one port");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -223,12 +249,18 @@ pub async fn run_all(
         })?;
     shared.ready.store(false, Ordering::Release);
     let _ = stop_tx.send(true);
-    let _ = flusher.await;
-    tracing::info!("flushing heads before exit");
-    let deadline = std::time::Instant::now() + cfg.shutdown_flush_timeout;
-    match ingester.flush(Some(deadline)).await {
-        Ok(blocks) => tracing::info!(blocks = blocks.len(), "flushed heads; bye"),
-        Err(e) => tracing::error!(error = %e, "flush at shutdown failed; the WAL keeps the data"),
+    if let Some(f) = flusher {
+        let _ = f.await;
+    }
+    if let Some(ingester) = ingester {
+        tracing::info!("flushing heads before exit");
+        let deadline = std::time::Instant::now() + shutdown_flush_timeout;
+        match ingester.flush(Some(deadline)).await {
+            Ok(blocks) => tracing::info!(blocks = blocks.len(), "flushed heads; bye"),
+            Err(e) => {
+                tracing::error!(error = %e, "flush at shutdown failed; the WAL keeps the data")
+            }
+        }
     }
     Ok(())
 }
