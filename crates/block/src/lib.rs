@@ -33,7 +33,7 @@ mod write;
 
 pub use index::{BlockIndex, MemoryIndex};
 pub use meta::{BlockMeta, BlockStats, FORMAT_VERSION};
-pub use read::{list_blocks, read_meta, read_profiles, read_series, read_symbols};
+pub use read::{list_blocks, read_meta, read_profiles, read_samples, read_series, read_symbols};
 pub use schema::{
     ProfileRow, SeriesRow, profiles_schema, samples_schema, series_schema, stacks_schema,
 };

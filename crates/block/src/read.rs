@@ -76,6 +76,11 @@ async fn read_file(
     Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
+/// Every sample row of a block, in [`crate::samples_schema`] (compaction).
+pub async fn read_samples(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<Vec<RecordBatch>> {
+    read_file(store, meta, files::SAMPLES).await
+}
+
 fn corrupt(meta: &BlockMeta, file: &'static str, what: impl Into<String>) -> Error {
     Error::Corrupt {
         block: meta.id.clone(),

@@ -1,1 +1,847 @@
-//! placeholder
+//! The compactor: merges the level-0 blocks that ingesters cut (three per
+//! write window with RF=3) into one block per tenant and window, dropping
+//! replica copies of a profile and merging symbol tables; merges those into
+//! larger windows at higher levels; applies per-tenant retention; deletes
+//! replaced blocks' files after a delay.
+//!
+//! ```text
+//!  plan: index ──► blocks by (tenant, level, window) ──► jobs with ≥ 2 blocks
+//!  job:  lease ──► read sources ──► dedupe by profile id ──► write block
+//!        (meta.json last) ──► index: replace sources by it (one atomic step)
+//!  later: sources' files deleted after `delete_delay`, then purged
+//! ```
+//!
+//! A compactor killed mid-job leaves at most an unregistered block: the
+//! index still lists the sources, so queries see the sources and nothing
+//! of the half-written result. The block id is derived from the job's
+//! sources, so the job taken again overwrites the same files instead of
+//! leaking a second copy.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, BooleanArray, FixedSizeBinaryArray, RecordBatch};
+use fathom_block::{BlockData, BlockMeta, ProfileRow, SeriesRow, block_dir};
+use fathom_model::{Id, IdHasher, Symbols};
+use futures::TryStreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// What the compactor needs of the metastore.
+#[async_trait::async_trait]
+pub trait CompactionIndex: Send + Sync + 'static {
+    async fn all(&self) -> Result<Vec<BlockMeta>, String>;
+    /// Adds `add` and removes `remove` of `tenant` in one step; removed
+    /// blocks become pending deletion.
+    async fn replace(
+        &self,
+        tenant: &str,
+        add: Vec<BlockMeta>,
+        remove: Vec<String>,
+    ) -> Result<(), String>;
+    /// Removed blocks and when they were removed (unix ms).
+    async fn pending_deletions(&self) -> Result<Vec<(BlockMeta, i64)>, String>;
+    /// Forgets pending deletions whose files are gone.
+    async fn purge(&self, tenant: &str, ids: Vec<String>) -> Result<(), String>;
+    /// A lease on `job` for `owner` (true when granted or renewed).
+    async fn acquire(&self, job: &str, owner: &str, ttl: Duration) -> Result<bool, String>;
+    async fn release(&self, job: &str, owner: &str) -> Result<(), String>;
+}
+
+/// Compactor settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Instance name: lease owner and the new blocks' source.
+    pub name: String,
+    /// Window of each level's output: `windows[0]` for level-0 → 1, etc.
+    pub windows: Vec<Duration>,
+    /// Retention for tenants without their own; `None` keeps forever.
+    pub retention: Option<Duration>,
+    pub tenant_retention: HashMap<String, Duration>,
+    /// Time between removing a block from the index and deleting its files
+    /// (queries planned before the removal may still read them).
+    pub delete_delay: Duration,
+    /// Time between planning rounds.
+    pub interval: Duration,
+    pub lease_ttl: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            name: "compactor".into(),
+            windows: vec![Duration::from_secs(3600), Duration::from_secs(24 * 3600)],
+            retention: None,
+            tenant_retention: HashMap::new(),
+            delete_delay: Duration::from_secs(15 * 60),
+            interval: Duration::from_secs(60),
+            lease_ttl: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("block index: {0}")]
+    Index(String),
+    #[error(transparent)]
+    Block(#[from] fathom_block::Error),
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("compaction task: {0}")]
+    Task(String),
+}
+
+#[derive(Clone, Default)]
+struct Metrics {
+    jobs: Counter,
+    failures: Counter,
+    blocks_in: Counter,
+    blocks_out: Counter,
+    duplicate_profiles: Counter,
+    bytes_in: Counter,
+    bytes_out: Counter,
+    retention_removed: Counter,
+    deleted: Counter,
+    pending: Gauge,
+}
+
+/// One unit of work: blocks of one tenant, level and window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub tenant: String,
+    pub level: u32,
+    pub window_start_nanos: i64,
+    pub blocks: Vec<BlockMeta>,
+}
+
+impl Job {
+    /// The lease key.
+    pub fn key(&self) -> String {
+        format!(
+            "compact/{}/{}/{}",
+            self.tenant, self.level, self.window_start_nanos
+        )
+    }
+}
+
+/// Groups blocks into jobs: a level's blocks fall in windows of that
+/// level's size (by their first timestamp); a window with two or more
+/// blocks is a job. Blocks of the top level are left alone.
+pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
+    let mut groups: BTreeMap<(String, u32, i64), Vec<BlockMeta>> = BTreeMap::new();
+    for b in blocks {
+        let Some(w) = windows.get(b.level as usize) else {
+            continue;
+        };
+        let w = (w.as_nanos() as i64).max(1);
+        let start = b.min_time_nanos.div_euclid(w) * w;
+        // A block that crosses its window's end waits for a larger level.
+        if b.max_time_nanos >= start + w {
+            continue;
+        }
+        groups
+            .entry((b.tenant.clone(), b.level, start))
+            .or_default()
+            .push(b.clone());
+    }
+    groups
+        .into_iter()
+        .filter(|(_, v)| v.len() >= 2)
+        .map(|((tenant, level, window_start_nanos), mut blocks)| {
+            blocks.sort_by(|a, b| a.id.cmp(&b.id));
+            Job {
+                tenant,
+                level,
+                window_start_nanos,
+                blocks,
+            }
+        })
+        .collect()
+}
+
+/// A UUID-shaped id derived from the sources: the same job always writes
+/// the same block.
+fn derived_id(sources: &[BlockMeta]) -> String {
+    let mut h = IdHasher::new("compacted-block");
+    for b in sources {
+        h.str(&b.id);
+    }
+    let b = h.finish().0;
+    uuid::Builder::from_custom_bytes(b).into_uuid().to_string()
+}
+
+fn id_col<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a FixedSizeBinaryArray, Error> {
+    b.column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
+        .ok_or_else(|| Error::Task(format!("samples without {name}")))
+}
+
+/// The merge of `sources`: every profile once (the first block that holds
+/// it wins), series spans widened, symbol tables united.
+pub async fn merge(
+    store: &dyn ObjectStore,
+    sources: &[BlockMeta],
+) -> Result<(BlockData, u64), Error> {
+    let tenant = sources
+        .first()
+        .map(|b| b.tenant.clone())
+        .ok_or_else(|| Error::Task("a job without blocks".into()))?;
+    let mut seen: HashSet<Id> = HashSet::new();
+    let mut profiles: Vec<ProfileRow> = Vec::new();
+    let mut series: BTreeMap<Id, SeriesRow> = BTreeMap::new();
+    let mut samples: Vec<RecordBatch> = Vec::new();
+    let mut symbols = Symbols::default();
+    let mut duplicates = 0u64;
+    for b in sources {
+        let mut dup: HashSet<Id> = HashSet::new();
+        for p in fathom_block::read_profiles(store, b).await? {
+            if seen.insert(p.profile_id) {
+                profiles.push(p);
+            } else {
+                dup.insert(p.profile_id);
+                duplicates += 1;
+            }
+        }
+        for s in fathom_block::read_series(store, b).await? {
+            series
+                .entry(s.series_id)
+                .and_modify(|e| {
+                    e.min_time_nanos = e.min_time_nanos.min(s.min_time_nanos);
+                    e.max_time_nanos = e.max_time_nanos.max(s.max_time_nanos);
+                })
+                .or_insert(s);
+        }
+        for batch in fathom_block::read_samples(store, b).await? {
+            if dup.is_empty() {
+                samples.push(batch);
+                continue;
+            }
+            let pid = id_col(&batch, "profile_id")?;
+            let keep: BooleanArray = (0..pid.len())
+                .map(|i| Some(!Id::from_slice(pid.value(i)).is_some_and(|id| dup.contains(&id))))
+                .collect();
+            let kept = arrow::compute::filter_record_batch(&batch, &keep)
+                .map_err(|e| Error::Task(e.to_string()))?;
+            if kept.num_rows() > 0 {
+                samples.push(kept);
+            }
+        }
+        symbols.merge(&fathom_block::read_symbols(store, b).await?);
+    }
+    let level = sources.iter().map(|b| b.level).max().unwrap_or(0) + 1;
+    Ok((
+        BlockData {
+            tenant,
+            source: String::new(),
+            level,
+            compacted_from: sources.iter().map(|b| b.id.clone()).collect(),
+            series: series.into_values().collect(),
+            profiles,
+            samples,
+            symbols,
+        },
+        duplicates,
+    ))
+}
+
+/// The compactor.
+pub struct Compactor {
+    cfg: Config,
+    store: Arc<dyn ObjectStore>,
+    index: Arc<dyn CompactionIndex>,
+    metrics: Metrics,
+}
+
+impl Compactor {
+    pub fn new(
+        cfg: Config,
+        store: Arc<dyn ObjectStore>,
+        index: Arc<dyn CompactionIndex>,
+        registry: &mut Registry,
+    ) -> Arc<Self> {
+        let m = Metrics::default();
+        let r = registry.sub_registry_with_prefix("fathom_compactor");
+        r.register("jobs", "Compaction jobs done", m.jobs.clone());
+        r.register(
+            "job_failures",
+            "Compaction jobs failed (retried)",
+            m.failures.clone(),
+        );
+        r.register("blocks_in", "Blocks merged away", m.blocks_in.clone());
+        r.register("blocks_out", "Blocks written", m.blocks_out.clone());
+        r.register(
+            "duplicate_profiles",
+            "Replica copies of profiles dropped",
+            m.duplicate_profiles.clone(),
+        );
+        r.register("bytes_in", "Bytes of merged blocks", m.bytes_in.clone());
+        r.register("bytes_out", "Bytes of written blocks", m.bytes_out.clone());
+        r.register(
+            "retention_removed",
+            "Blocks removed by retention",
+            m.retention_removed.clone(),
+        );
+        r.register(
+            "deleted_blocks",
+            "Blocks whose files were deleted",
+            m.deleted.clone(),
+        );
+        r.register(
+            "pending_deletions",
+            "Removed blocks whose files wait for deletion",
+            m.pending.clone(),
+        );
+        Arc::new(Compactor {
+            cfg,
+            store,
+            index,
+            metrics: m,
+        })
+    }
+
+    /// Runs one job under its lease; `Ok(None)` when another compactor
+    /// holds it.
+    pub async fn run_job(&self, job: &Job) -> Result<Option<BlockMeta>, Error> {
+        let key = job.key();
+        if !self
+            .index
+            .acquire(&key, &self.cfg.name, self.cfg.lease_ttl)
+            .await
+            .map_err(Error::Index)?
+        {
+            return Ok(None);
+        }
+        let r = self.compact(job).await;
+        if let Err(e) = self.index.release(&key, &self.cfg.name).await {
+            tracing::warn!(job = %key, error = %e, "releasing a lease failed; it expires");
+        }
+        match &r {
+            Ok(_) => self.metrics.jobs.inc(),
+            Err(_) => self.metrics.failures.inc(),
+        };
+        r.map(Some)
+    }
+
+    async fn compact(&self, job: &Job) -> Result<BlockMeta, Error> {
+        let (mut data, duplicates) = merge(self.store.as_ref(), &job.blocks).await?;
+        data.source = self.cfg.name.clone();
+        let (mut meta, files) = tokio::task::spawn_blocking(move || {
+            fathom_block::encode_block(&data).map(|(m, f)| (m, f))
+        })
+        .await
+        .map_err(|e| Error::Task(e.to_string()))??;
+        meta.id = derived_id(&job.blocks);
+        fathom_block::write_block(self.store.as_ref(), &meta, files).await?;
+        self.index
+            .replace(
+                &job.tenant,
+                vec![meta.clone()],
+                job.blocks.iter().map(|b| b.id.clone()).collect(),
+            )
+            .await
+            .map_err(Error::Index)?;
+        self.metrics.blocks_in.inc_by(job.blocks.len() as u64);
+        self.metrics.blocks_out.inc();
+        self.metrics.duplicate_profiles.inc_by(duplicates);
+        self.metrics
+            .bytes_in
+            .inc_by(job.blocks.iter().map(|b| b.stats.bytes).sum());
+        self.metrics.bytes_out.inc_by(meta.stats.bytes);
+        tracing::info!(
+            tenant = %job.tenant, level = meta.level, sources = job.blocks.len(),
+            block = %meta.id, duplicates, "compacted"
+        );
+        Ok(meta)
+    }
+
+    /// Removes blocks past their tenant's retention from the index.
+    pub async fn apply_retention(&self, now_ms: i64) -> Result<usize, Error> {
+        let blocks = self.index.all().await.map_err(Error::Index)?;
+        let mut by: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for b in blocks {
+            let Some(keep) = self
+                .cfg
+                .tenant_retention
+                .get(&b.tenant)
+                .copied()
+                .or(self.cfg.retention)
+            else {
+                continue;
+            };
+            let cutoff = now_ms.saturating_sub(keep.as_millis() as i64) * 1_000_000;
+            if b.max_time_nanos < cutoff {
+                by.entry(b.tenant.clone()).or_default().push(b.id.clone());
+            }
+        }
+        let mut n = 0;
+        for (tenant, ids) in by {
+            n += ids.len();
+            self.index
+                .replace(&tenant, Vec::new(), ids)
+                .await
+                .map_err(Error::Index)?;
+        }
+        self.metrics.retention_removed.inc_by(n as u64);
+        Ok(n)
+    }
+
+    /// Deletes the files of blocks removed more than `delete_delay` ago.
+    pub async fn delete_removed(&self, now_ms: i64) -> Result<usize, Error> {
+        let pending = self.index.pending_deletions().await.map_err(Error::Index)?;
+        self.metrics.pending.set(pending.len() as i64);
+        let delay = self.cfg.delete_delay.as_millis() as i64;
+        let mut done: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (b, removed_at) in pending {
+            if now_ms - removed_at < delay {
+                continue;
+            }
+            let prefix = block_dir(&b.tenant, &b.id);
+            // meta.json first: a half-deleted block is never mistaken for a
+            // complete one by a bucket listing.
+            let meta = fathom_block::block_file(&b.tenant, &b.id, fathom_block::files::META);
+            match self.store.delete(&meta).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let files: Vec<_> = self
+                .store
+                .list(Some(&prefix))
+                .map_ok(|o| o.location)
+                .try_collect()
+                .await?;
+            for f in files {
+                match self.store.delete(&f).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            done.entry(b.tenant.clone()).or_default().push(b.id.clone());
+        }
+        let mut n = 0;
+        for (tenant, ids) in done {
+            n += ids.len();
+            self.index.purge(&tenant, ids).await.map_err(Error::Index)?;
+        }
+        self.metrics.deleted.inc_by(n as u64);
+        Ok(n)
+    }
+
+    /// One round: retention, every job of the plan, deletions.
+    pub async fn run_once(&self) -> Result<usize, Error> {
+        let now_ms = now_ms();
+        self.apply_retention(now_ms).await?;
+        let mut done = 0;
+        // Level by level, so a window's level-1 result can join level 2 in
+        // the next round.
+        let blocks = self.index.all().await.map_err(Error::Index)?;
+        for job in plan(&blocks, &self.cfg.windows) {
+            match self.run_job(&job).await {
+                Ok(Some(_)) => done += 1,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(job = %job.key(), error = %e, "compaction failed; retried next round")
+                }
+            }
+        }
+        self.delete_removed(self::now_ms()).await?;
+        Ok(done)
+    }
+
+    /// Rounds every `interval` until `stop`.
+    pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            if let Err(e) = self.run_once().await {
+                tracing::error!(error = %e, "compaction round failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.cfg.interval) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A [`CompactionIndex`] in memory (tests, single process).
+#[derive(Default)]
+pub struct MemoryCompactionIndex {
+    state: parking_lot::Mutex<MemState>,
+}
+
+#[derive(Default)]
+struct MemState {
+    blocks: BTreeMap<String, BlockMeta>,
+    pending: Vec<(BlockMeta, i64)>,
+    leases: HashMap<String, (String, i64)>,
+}
+
+impl MemoryCompactionIndex {
+    pub fn new(blocks: Vec<BlockMeta>) -> Self {
+        let idx = MemoryCompactionIndex::default();
+        idx.state.lock().blocks = blocks.into_iter().map(|b| (b.id.clone(), b)).collect();
+        idx
+    }
+}
+
+#[async_trait::async_trait]
+impl CompactionIndex for MemoryCompactionIndex {
+    async fn all(&self) -> Result<Vec<BlockMeta>, String> {
+        Ok(self.state.lock().blocks.values().cloned().collect())
+    }
+
+    async fn replace(
+        &self,
+        _tenant: &str,
+        add: Vec<BlockMeta>,
+        remove: Vec<String>,
+    ) -> Result<(), String> {
+        let mut s = self.state.lock();
+        let now = now_ms();
+        for id in remove {
+            if let Some(b) = s.blocks.remove(&id) {
+                s.pending.push((b, now));
+            }
+        }
+        for b in add {
+            s.blocks.insert(b.id.clone(), b);
+        }
+        Ok(())
+    }
+
+    async fn pending_deletions(&self) -> Result<Vec<(BlockMeta, i64)>, String> {
+        Ok(self.state.lock().pending.clone())
+    }
+
+    async fn purge(&self, tenant: &str, ids: Vec<String>) -> Result<(), String> {
+        self.state
+            .lock()
+            .pending
+            .retain(|(b, _)| !(b.tenant == tenant && ids.contains(&b.id)));
+        Ok(())
+    }
+
+    async fn acquire(&self, job: &str, owner: &str, ttl: Duration) -> Result<bool, String> {
+        let mut s = self.state.lock();
+        let now = now_ms();
+        match s.leases.get(job) {
+            Some((o, until)) if o != owner && *until > now => Ok(false),
+            _ => {
+                s.leases.insert(
+                    job.to_owned(),
+                    (owner.to_owned(), now + ttl.as_millis() as i64),
+                );
+                Ok(true)
+            }
+        }
+    }
+
+    async fn release(&self, job: &str, owner: &str) -> Result<(), String> {
+        let mut s = self.state.lock();
+        if s.leases.get(job).is_some_and(|(o, _)| o == owner) {
+            s.leases.remove(job);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fathom_block::SamplesBuilder;
+    use fathom_model::{Function, Labels, Line, Location, ProfileType, Stack};
+
+    const HOUR: i64 = 3_600_000_000_000;
+    /// 2024-01-01T00:00:00Z
+    const T0: i64 = 1_704_067_200_000_000_000;
+
+    fn symbols_for(names: &[&str]) -> (Symbols, Vec<Id>) {
+        let mut s = Symbols::default();
+        let mut stacks = Vec::new();
+        for n in names {
+            let f = s.add_function(Function {
+                name: n.to_string(),
+                system_name: n.to_string(),
+                filename: "x.go".into(),
+                start_line: 1,
+            });
+            let l = s.add_location(Location {
+                mapping: Id::ZERO,
+                address: 0,
+                lines: vec![Line {
+                    function: f,
+                    line: 1,
+                }],
+            });
+            stacks.push(s.add_stack(Stack { locations: vec![l] }));
+        }
+        (s, stacks)
+    }
+
+    /// A level-0 block with profiles `(profile id, time, value)`, each one
+    /// sample on its own function.
+    async fn block(store: &dyn ObjectStore, profiles: &[(u128, i64, i64)]) -> BlockMeta {
+        let pt: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+            .parse()
+            .unwrap();
+        let labels = Labels::from_pairs([("service_name", "svc")]).unwrap();
+        let sid = fathom_model::series_id(&pt, &labels);
+        let names: Vec<String> = profiles.iter().map(|p| format!("f{}", p.0)).collect();
+        let (symbols, stacks) = symbols_for(&names.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut sb = SamplesBuilder::with_capacity(profiles.len());
+        let mut rows = Vec::new();
+        for ((pid, t, v), stack) in profiles.iter().zip(&stacks) {
+            let pid = Id::from_u128(*pid);
+            sb.push(&sid, *t, &pid, stack, *v);
+            rows.push(ProfileRow {
+                profile_id: pid,
+                series_id: sid,
+                time_nanos: *t,
+                duration_nanos: 10,
+                period: 1,
+                samples: 1,
+            });
+        }
+        let data = BlockData {
+            tenant: "t1".into(),
+            source: "ingester".into(),
+            level: 0,
+            compacted_from: vec![],
+            series: vec![SeriesRow {
+                series_id: sid,
+                profile_type: pt,
+                labels,
+                min_time_nanos: profiles.iter().map(|p| p.1).min().unwrap(),
+                max_time_nanos: profiles.iter().map(|p| p.1).max().unwrap(),
+            }],
+            profiles: rows,
+            samples: vec![sb.finish()],
+            symbols,
+        };
+        let (meta, files) = fathom_block::encode_block(&data).unwrap();
+        fathom_block::write_block(store, &meta, files)
+            .await
+            .unwrap();
+        meta
+    }
+
+    fn cfg() -> Config {
+        Config {
+            delete_delay: Duration::ZERO,
+            ..Config::default()
+        }
+    }
+
+    async fn totals(store: &dyn ObjectStore, b: &BlockMeta) -> BTreeMap<Id, i64> {
+        let mut out = BTreeMap::new();
+        for batch in fathom_block::read_samples(store, b).await.unwrap() {
+            let pid = id_col(&batch, "profile_id").unwrap();
+            let v = batch
+                .column_by_name("value")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .unwrap();
+            for i in 0..batch.num_rows() {
+                *out.entry(Id::from_slice(pid.value(i)).unwrap())
+                    .or_default() += v.value(i);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn plans_windows_per_level() {
+        let mk = |id: &str, level: u32, min: i64, max: i64| BlockMeta {
+            format_version: 1,
+            id: id.into(),
+            tenant: "t".into(),
+            min_time_nanos: min,
+            max_time_nanos: max,
+            level,
+            source: "x".into(),
+            compacted_from: vec![],
+            profile_types: vec![],
+            stats: Default::default(),
+            created_at_ms: 0,
+        };
+        let blocks = vec![
+            mk("a", 0, T0, T0 + 10),
+            mk("b", 0, T0 + 5, T0 + HOUR - 1),
+            mk("c", 0, T0 + 7, T0 + 8),
+            mk("d", 0, T0 + HOUR, T0 + HOUR + 1), // next hour, alone
+            mk("e", 0, T0 + HOUR - 5, T0 + HOUR + 5), // crosses the hour
+            mk("f", 1, T0, T0 + HOUR - 1),
+            mk("g", 1, T0 + 2 * HOUR, T0 + 3 * HOUR - 1), // same day
+            mk("h", 2, T0, T0 + 1),                       // top level
+        ];
+        let jobs = plan(&blocks, &Config::default().windows);
+        let got: Vec<(u32, Vec<&str>)> = jobs
+            .iter()
+            .map(|j| (j.level, j.blocks.iter().map(|b| b.id.as_str()).collect()))
+            .collect();
+        assert_eq!(got, vec![(0, vec!["a", "b", "c"]), (1, vec!["f", "g"])]);
+    }
+
+    #[tokio::test]
+    async fn replicas_merge_into_one_block_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        // Three replicas of profiles 1 and 2, and a fourth block with 3.
+        let mut metas = Vec::new();
+        for _ in 0..3 {
+            metas.push(block(store.as_ref(), &[(1, T0 + 1, 10), (2, T0 + 2, 20)]).await);
+        }
+        metas.push(block(store.as_ref(), &[(3, T0 + 3, 30)]).await);
+        let bytes_before: u64 = metas.iter().map(|m| m.stats.bytes).sum();
+        let index = Arc::new(MemoryCompactionIndex::new(metas.clone()));
+        let c = Compactor::new(
+            cfg(),
+            store.clone(),
+            index.clone(),
+            &mut Registry::default(),
+        );
+        assert_eq!(c.run_once().await.unwrap(), 1);
+
+        let after = index.all().await.unwrap();
+        assert_eq!(after.len(), 1, "one block replaces four");
+        let b = &after[0];
+        assert_eq!(b.level, 1);
+        assert_eq!(b.stats.profiles, 3);
+        assert!(
+            b.stats.bytes < bytes_before,
+            "{} < {bytes_before}",
+            b.stats.bytes
+        );
+        let t = totals(store.as_ref(), b).await;
+        let want: BTreeMap<Id, i64> = [(1, 10), (2, 20), (3, 30)]
+            .into_iter()
+            .map(|(p, v)| (Id::from_u128(p), v))
+            .collect();
+        assert_eq!(t, want, "every profile once");
+        let syms = fathom_block::read_symbols(store.as_ref(), b).await.unwrap();
+        assert_eq!(syms.functions.len(), 3, "symbol tables merged");
+
+        // The sources' files are gone (delete delay 0) and purged.
+        assert!(index.pending_deletions().await.unwrap().is_empty());
+        for m in &metas {
+            let left: Vec<_> = store
+                .list(Some(&block_dir(&m.tenant, &m.id)))
+                .try_collect()
+                .await
+                .unwrap();
+            assert!(left.is_empty(), "{} still has {} files", m.id, left.len());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_taken_again_writes_the_same_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let a = block(store.as_ref(), &[(1, T0 + 1, 10)]).await;
+        let b = block(store.as_ref(), &[(1, T0 + 1, 10)]).await;
+        let job = plan(&[a.clone(), b.clone()], &Config::default().windows).remove(0);
+        // A compactor that died after writing, before the index swap: its
+        // block is written but not registered.
+        let (data, _) = merge(store.as_ref(), &job.blocks).await.unwrap();
+        let (mut meta, files) = fathom_block::encode_block(&data).unwrap();
+        meta.id = derived_id(&job.blocks);
+        fathom_block::write_block(store.as_ref(), &meta, files)
+            .await
+            .unwrap();
+
+        let index = Arc::new(MemoryCompactionIndex::new(vec![a.clone(), b.clone()]));
+        let c = Compactor::new(
+            cfg(),
+            store.clone(),
+            index.clone(),
+            &mut Registry::default(),
+        );
+        let out = c.run_job(&job).await.unwrap().unwrap();
+        assert_eq!(out.id, meta.id, "the retried job overwrites the same block");
+        let blocks = fathom_block::list_blocks(store.as_ref()).await.unwrap();
+        let ids: Vec<&str> = blocks.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids.iter().filter(|i| **i == out.id).count(), 1);
+        assert_eq!(
+            blocks.len(),
+            3,
+            "two sources (deleted later) and one result, no orphan: {ids:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn leases_keep_two_compactors_apart() {
+        let index = MemoryCompactionIndex::default();
+        let ttl = Duration::from_secs(60);
+        assert!(index.acquire("j", "a", ttl).await.unwrap());
+        assert!(!index.acquire("j", "b", ttl).await.unwrap());
+        assert!(index.acquire("j", "a", ttl).await.unwrap(), "renewal");
+        index.release("j", "b").await.unwrap();
+        assert!(
+            !index.acquire("j", "b", ttl).await.unwrap(),
+            "b cannot release a's lease"
+        );
+        index.release("j", "a").await.unwrap();
+        assert!(index.acquire("j", "b", ttl).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn retention_removes_old_blocks_per_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let old = block(store.as_ref(), &[(1, T0, 1)]).await;
+        let recent_t = (now_ms() - 60_000) * 1_000_000;
+        let recent = block(store.as_ref(), &[(2, recent_t, 1)]).await;
+        let index = Arc::new(MemoryCompactionIndex::new(vec![
+            old.clone(),
+            recent.clone(),
+        ]));
+        let mut config = cfg();
+        config.delete_delay = Duration::from_secs(3600);
+        config
+            .tenant_retention
+            .insert("t1".into(), Duration::from_secs(7 * 86_400));
+        let c = Compactor::new(
+            config,
+            store.clone(),
+            index.clone(),
+            &mut Registry::default(),
+        );
+        assert_eq!(c.apply_retention(now_ms()).await.unwrap(), 1);
+        let left: Vec<String> = index
+            .all()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|b| b.id)
+            .collect();
+        assert_eq!(left, vec![recent.id.clone()]);
+        // Within the delete delay the files stay.
+        assert_eq!(c.delete_removed(now_ms()).await.unwrap(), 0);
+        assert!(
+            fathom_block::read_meta(store.as_ref(), "t1", &old.id)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(c.delete_removed(now_ms() + 3_600_001).await.unwrap(), 1);
+        assert!(
+            fathom_block::read_meta(store.as_ref(), "t1", &old.id)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+}
