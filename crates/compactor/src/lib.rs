@@ -330,7 +330,7 @@ impl Compactor {
         let (mut data, duplicates) = merge(self.store.as_ref(), &job.blocks).await?;
         data.source = self.cfg.name.clone();
         let (mut meta, files) = tokio::task::spawn_blocking(move || {
-            fathom_block::encode_block(&data).map(|(m, f)| (m, f))
+            fathom_block::encode_block(&data)
         })
         .await
         .map_err(|e| Error::Task(e.to_string()))??;
