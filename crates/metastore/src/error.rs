@@ -18,9 +18,21 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("metastore raft: {0}")]
-    Raft(#[from] openraft::error::Fatal<u64>),
+    Raft(Box<openraft::error::Fatal<u64>>),
     #[error("metastore raft configuration: {0}")]
-    RaftConfig(#[from] openraft::ConfigError),
+    RaftConfig(Box<openraft::ConfigError>),
+}
+
+impl From<openraft::error::Fatal<u64>> for Error {
+    fn from(e: openraft::error::Fatal<u64>) -> Self {
+        Error::Raft(Box::new(e))
+    }
+}
+
+impl From<openraft::ConfigError> for Error {
+    fn from(e: openraft::ConfigError) -> Self {
+        Error::RaftConfig(Box::new(e))
+    }
 }
 
 /// What a [`crate::MetastoreClient`] call can fail with.

@@ -41,7 +41,7 @@ const REWRITE_MIN_DEAD: u64 = 1024;
 #[derive(Serialize, Deserialize)]
 enum LogRecord {
     Vote(Vote),
-    Entry(Entry),
+    Entry(Box<Entry>),
     /// Entries from this index on are gone.
     Truncate(u64),
     /// Entries up to and including this log id are gone.
@@ -62,6 +62,7 @@ impl LogData {
         match rec {
             LogRecord::Vote(v) => self.vote = Some(v),
             LogRecord::Entry(e) => {
+                let e = *e;
                 let idx = e.log_id.index;
                 self.entries.split_off(&idx);
                 self.entries.insert(idx, e);
@@ -232,7 +233,7 @@ impl LogFile {
             encode(&LogRecord::Purge(p), &mut buf)?;
         }
         for e in data.entries.values() {
-            encode(&LogRecord::Entry(e.clone()), &mut buf)?;
+            encode(&LogRecord::Entry(Box::new(e.clone())), &mut buf)?;
         }
         if data.committed.is_some() {
             encode(&LogRecord::Committed(data.committed), &mut buf)?;
@@ -351,10 +352,13 @@ impl LogStore {
 impl LogStore {
     /// Appends and fsyncs entries; they are readable when this returns.
     async fn append_entries(&self, entries: Vec<Entry>) -> std::io::Result<()> {
-        let recs: Vec<LogRecord> = entries.iter().cloned().map(LogRecord::Entry).collect();
+        let recs: Vec<LogRecord> = entries
+            .iter()
+            .map(|e| LogRecord::Entry(Box::new(e.clone())))
+            .collect();
         self.write(recs, true, 0, move |d| {
             for e in entries {
-                d.replay(LogRecord::Entry(e));
+                d.replay(LogRecord::Entry(Box::new(e)));
             }
         })
         .await
@@ -536,7 +540,8 @@ mod tests {
         assert_eq!(st.last_log_id.map(|l| l.index), Some(4));
         let got = s.try_get_log_entries(3..5).await.unwrap();
         assert_eq!(got.len(), 2);
-        assert!(s.try_get_log_entries(5..3).await.unwrap().is_empty());
+        let (from, to) = (5, 3);
+        assert!(s.try_get_log_entries(from..to).await.unwrap().is_empty());
     }
 
     #[tokio::test]

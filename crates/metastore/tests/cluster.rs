@@ -220,20 +220,22 @@ async fn leader_failover_keeps_serving_and_restarted_node_catches_up() {
         ids(&client.blocks("t1", 0, 10).await.unwrap()),
         ["after", "before"]
     );
-    // Enough entries to make the others snapshot and purge their logs.
-    for i in 0..30 {
+    // Enough entries to make the others snapshot and purge their logs, so
+    // the restarted node needs a snapshot.
+    for i in 0..60 {
         client
             .add_block(block("t2", &format!("x{i:02}"), i, i))
             .await
             .unwrap();
     }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     c.restart(old).await;
     let want: Vec<String> = {
         let mut v = ids(&client.all_blocks().await.unwrap());
         v.sort();
         v
     };
-    assert_eq!(want.len(), 32);
+    assert_eq!(want.len(), 62);
     let want: Vec<&str> = want.iter().map(String::as_str).collect();
     c.wait_local_blocks(old, &want, Duration::from_secs(10))
         .await;
