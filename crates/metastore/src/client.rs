@@ -195,7 +195,7 @@ impl MetastoreClient {
                 .get(LEADER_METADATA)
                 .and_then(|v| v.to_str().ok())
                 .map(normalize)
-                .filter(|h| !h.is_empty() && *h != addr);
+                .filter(|h| !h.is_empty() && *h != addr && endpoint(h).is_ok());
             let msg = format!("{addr}: {:?}: {}", err.code(), err.message());
             tracing::debug!(error = %msg, leader_hint = ?hint, "metastore call failed; retrying");
             *self.inner.leader.lock() = hint.clone();

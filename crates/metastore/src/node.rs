@@ -259,6 +259,7 @@ pub struct MetastoreNode {
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     server: Option<JoinHandle<()>>,
+    stopped: bool,
 }
 
 impl MetastoreNode {
@@ -334,6 +335,7 @@ impl MetastoreNode {
             stop,
             tasks: Vec::new(),
             server: None,
+            stopped: false,
         };
         if let Some(listener) = listener {
             let routes = node.routes();
@@ -455,6 +457,7 @@ impl MetastoreNode {
 
     /// Stops serving, stops Raft and waits for the background tasks.
     pub async fn shutdown(mut self) {
+        self.stopped = true;
         let _ = self.stop.send(true);
         if let Err(e) = self.inner.raft.shutdown().await {
             tracing::warn!(error = %e, "metastore raft did not shut down cleanly");
@@ -478,7 +481,17 @@ impl MetastoreNode {
 }
 
 impl Drop for MetastoreNode {
+    /// Dropping without [`MetastoreNode::shutdown`] still stops Raft (in
+    /// the background) so that no orphaned node keeps voting.
     fn drop(&mut self) {
+        if !self.stopped
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let raft = self.inner.raft.clone();
+            rt.spawn(async move {
+                let _ = raft.shutdown().await;
+            });
+        }
         let _ = self.stop.send(true);
         for t in &self.tasks {
             t.abort();

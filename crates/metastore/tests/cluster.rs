@@ -574,3 +574,34 @@ async fn client_fails_after_its_deadline_when_nothing_answers() {
         Err(MetastoreError::NoAddress)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_leader_gives_registered_members_one_timeout_of_grace() {
+    let timeout = Duration::from_millis(1500);
+    let mut c = Cluster::start(3, timeout).await;
+    let client = c.client();
+    let old = c.wait_leader(Duration::from_secs(10)).await;
+    client
+        .register(Member::new("c-1", Role::Compactor, "h:1"))
+        .await
+        .unwrap();
+    assert_eq!(client.members(None).await.unwrap().len(), 1);
+    tokio::time::sleep(timeout + Duration::from_millis(300)).await;
+    assert!(
+        client.members(None).await.unwrap().is_empty(),
+        "silent member still live"
+    );
+    // Heartbeats live on the leader only: a new leader cannot know who was
+    // silent, so every registered member is live for one timeout.
+    c.stop(old).await;
+    c.wait_leader(Duration::from_secs(5)).await;
+    let t0 = Instant::now();
+    assert_eq!(client.members(None).await.unwrap().len(), 1);
+    assert!(t0.elapsed() < timeout);
+    tokio::time::sleep(timeout + Duration::from_millis(300)).await;
+    assert!(
+        client.members(None).await.unwrap().is_empty(),
+        "grace did not end"
+    );
+    assert_eq!(client.all_members(None).await.unwrap().len(), 1);
+}
