@@ -4,6 +4,21 @@ use parking_lot::RwLock;
 
 use crate::meta::BlockMeta;
 
+/// Why the block index could not answer or record something (for example,
+/// the metastore is unreachable or refused the change). Callers must treat
+/// it as "unknown", never as "no blocks": a query that cannot list blocks
+/// fails instead of silently missing data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexError(pub String);
+
+impl std::fmt::Display for IndexError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "block index: {}", self.0)
+    }
+}
+
+impl std::error::Error for IndexError {}
+
 /// Where blocks are found at query time: the index of blocks per tenant and
 /// time range. Queriers never list the bucket.
 ///
@@ -12,13 +27,18 @@ use crate::meta::BlockMeta;
 #[async_trait::async_trait]
 pub trait BlockIndex: Send + Sync + 'static {
     /// Registers a block that is completely stored.
-    async fn add(&self, meta: BlockMeta);
+    async fn add(&self, meta: BlockMeta) -> Result<(), IndexError>;
     /// Blocks of `tenant` that may hold data in `[start, end]` (nanoseconds).
-    async fn blocks(&self, tenant: &str, start: i64, end: i64) -> Vec<BlockMeta>;
+    async fn blocks(
+        &self,
+        tenant: &str,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<BlockMeta>, IndexError>;
     /// Every block of every tenant.
-    async fn all(&self) -> Vec<BlockMeta>;
+    async fn all(&self) -> Result<Vec<BlockMeta>, IndexError>;
     /// Forgets blocks (after compaction replaced them).
-    async fn remove(&self, tenant: &str, ids: &[String]);
+    async fn remove(&self, tenant: &str, ids: &[String]) -> Result<(), IndexError>;
 }
 
 /// An in-memory [`BlockIndex`].
@@ -44,16 +64,23 @@ impl MemoryIndex {
 
 #[async_trait::async_trait]
 impl BlockIndex for MemoryIndex {
-    async fn add(&self, meta: BlockMeta) {
+    async fn add(&self, meta: BlockMeta) -> Result<(), IndexError> {
         self.by_tenant
             .write()
             .entry(meta.tenant.clone())
             .or_default()
             .insert(meta.id.clone(), meta);
+        Ok(())
     }
 
-    async fn blocks(&self, tenant: &str, start: i64, end: i64) -> Vec<BlockMeta> {
-        self.by_tenant
+    async fn blocks(
+        &self,
+        tenant: &str,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<BlockMeta>, IndexError> {
+        Ok(self
+            .by_tenant
             .read()
             .get(tenant)
             .map(|m| {
@@ -62,22 +89,24 @@ impl BlockIndex for MemoryIndex {
                     .cloned()
                     .collect()
             })
-            .unwrap_or_default()
+            .unwrap_or_default())
     }
 
-    async fn all(&self) -> Vec<BlockMeta> {
-        self.by_tenant
+    async fn all(&self) -> Result<Vec<BlockMeta>, IndexError> {
+        Ok(self
+            .by_tenant
             .read()
             .values()
             .flat_map(|m| m.values().cloned())
-            .collect()
+            .collect())
     }
 
-    async fn remove(&self, tenant: &str, ids: &[String]) {
+    async fn remove(&self, tenant: &str, ids: &[String]) -> Result<(), IndexError> {
         if let Some(m) = self.by_tenant.write().get_mut(tenant) {
             for id in ids {
                 m.remove(id);
             }
         }
+        Ok(())
     }
 }

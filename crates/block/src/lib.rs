@@ -31,7 +31,7 @@ mod read;
 mod schema;
 mod write;
 
-pub use index::{BlockIndex, MemoryIndex};
+pub use index::{BlockIndex, IndexError, MemoryIndex};
 pub use meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 pub use read::{list_blocks, read_meta, read_profiles, read_samples, read_series, read_symbols};
 pub use schema::{

@@ -97,6 +97,7 @@ struct Metrics {
     blocks: Counter,
     block_bytes: Counter,
     upload_failures: Counter,
+    index_failures: Counter,
     head_bytes: Gauge,
     replayed: Counter,
 }
@@ -151,6 +152,11 @@ impl Ingester {
             "block_upload_failures",
             "Failed block uploads (retried)",
             m.upload_failures.clone(),
+        );
+        r.register(
+            "block_index_failures",
+            "Failed attempts to register a stored block in the block index (retried)",
+            m.index_failures.clone(),
         );
         r.register(
             "head_bytes",
@@ -330,7 +336,23 @@ impl Ingester {
                 }
             }
         }
-        self.index.add(meta.clone()).await;
+        // A stored block that the index does not know is invisible to
+        // queries: keep retrying (the WAL segment stays until this returns
+        // Ok), but do not upload again.
+        loop {
+            match self.index.add(meta.clone()).await {
+                Ok(()) => break,
+                Err(e) => {
+                    self.m.index_failures.inc();
+                    tracing::warn!(tenant, block_id = %meta.id, error = %e, "block index update failed; retrying");
+                    if deadline.is_some_and(|d| Instant::now() + backoff > d) {
+                        return Err(Error::FlushDeadline);
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
         self.m.blocks.inc();
         self.m.block_bytes.inc_by(meta.stats.bytes);
         tracing::info!(
@@ -468,7 +490,7 @@ mod tests {
         let blocks = ing.flush(None).await.unwrap();
         assert_eq!(blocks.len(), 2, "one block per tenant");
         assert!(ing.snapshot(&t, 0, i64::MAX).profiles.is_empty());
-        let metas = index.blocks("t1", 0, i64::MAX).await;
+        let metas = index.blocks("t1", 0, i64::MAX).await.unwrap();
         assert_eq!(metas.len(), 1);
         assert_eq!(metas[0].stats.samples, 2);
         assert_eq!(
@@ -507,13 +529,94 @@ mod tests {
         assert!(matches!(err, Error::FlushDeadline), "{err}");
         // Still queryable from the frozen head, nothing registered.
         assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
-        assert!(index.blocks("t1", 0, i64::MAX).await.is_empty());
+        assert!(index.blocks("t1", 0, i64::MAX).await.unwrap().is_empty());
         drop(ing);
         // And still in the WAL: a restart with a working store flushes it.
         let ing = open(dir.path(), store, index.clone());
         assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
         assert_eq!(ing.flush(None).await.unwrap().len(), 1);
-        assert_eq!(index.blocks("t1", 0, i64::MAX).await.len(), 1);
+        assert_eq!(index.blocks("t1", 0, i64::MAX).await.unwrap().len(), 1);
+    }
+
+    /// A block index that refuses every change until `healthy` is set.
+    #[derive(Default)]
+    struct FlakyIndex {
+        healthy: std::sync::atomic::AtomicBool,
+        inner: MemoryIndex,
+    }
+
+    #[async_trait::async_trait]
+    impl BlockIndex for FlakyIndex {
+        async fn add(&self, meta: BlockMeta) -> Result<(), fathom_block::IndexError> {
+            if !self.healthy.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(fathom_block::IndexError("metastore unreachable".into()));
+            }
+            self.inner.add(meta).await
+        }
+        async fn blocks(
+            &self,
+            tenant: &str,
+            start: i64,
+            end: i64,
+        ) -> Result<Vec<BlockMeta>, fathom_block::IndexError> {
+            self.inner.blocks(tenant, start, end).await
+        }
+        async fn all(&self) -> Result<Vec<BlockMeta>, fathom_block::IndexError> {
+            self.inner.all().await
+        }
+        async fn remove(
+            &self,
+            tenant: &str,
+            ids: &[String],
+        ) -> Result<(), fathom_block::IndexError> {
+            self.inner.remove(tenant, ids).await
+        }
+    }
+
+    #[tokio::test]
+    async fn failed_index_update_keeps_the_block_pending_and_in_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(InMemory::new());
+        let index = Arc::new(FlakyIndex::default());
+        let t = TenantId::new("t1").unwrap();
+        let open_flaky = |index: Arc<FlakyIndex>| {
+            Ingester::open(
+                Config {
+                    data_dir: dir.path().to_owned(),
+                    name: "test".into(),
+                    flush_interval: Duration::from_secs(3600),
+                    max_head_bytes: 1 << 30,
+                },
+                store.clone(),
+                index,
+                &mut Registry::default(),
+            )
+            .unwrap()
+        };
+        let ing = open_flaky(index.clone());
+        ing.write(&batch("t1", 1, 5)).await.unwrap();
+        let err = ing
+            .flush(Some(Instant::now() + Duration::from_millis(300)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        // Uploaded but not indexed: still served from the frozen head.
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
+        assert!(index.inner.all().await.unwrap().is_empty());
+        drop(ing);
+        // The WAL segment was kept: a restart with a reachable index
+        // registers the data.
+        index
+            .healthy
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let ing = open_flaky(index.clone());
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
+        assert_eq!(ing.flush(None).await.unwrap().len(), 1);
+        assert_eq!(
+            index.inner.blocks("t1", 0, i64::MAX).await.unwrap().len(),
+            1
+        );
+        assert!(ing.snapshot(&t, 0, i64::MAX).profiles.is_empty());
     }
 
     /// An object store whose writes fail.

@@ -170,7 +170,7 @@ impl Querier {
         end: i64,
     ) -> Result<Plan, QueryError> {
         let heads = self.inner.head.snapshot(tenant, start, end).await?;
-        let blocks = self.inner.index.blocks(tenant.as_str(), start, end).await;
+        let blocks = self.inner.index.blocks(tenant.as_str(), start, end).await?;
         let mut plan = Plan {
             series: HashMap::new(),
             sources: Vec::new(),
@@ -525,7 +525,7 @@ impl Querier {
         for h in self.inner.head.snapshot(tenant, start, end).await? {
             take(&h.series);
         }
-        for b in self.inner.index.blocks(tenant.as_str(), start, end).await {
+        for b in self.inner.index.blocks(tenant.as_str(), start, end).await? {
             let info = self.block_info(&b).await?;
             take(&info.series);
         }

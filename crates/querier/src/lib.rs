@@ -60,8 +60,18 @@ pub enum QueryError {
     DataFusion(#[from] datafusion::error::DataFusionError),
     #[error("reading recent data: {0}")]
     Head(String),
+    /// The block index (metastore) could not list blocks: the query would
+    /// silently miss data, so it fails as unavailable instead.
+    #[error("listing blocks: {0}")]
+    Index(String),
     #[error("query task failed: {0}")]
     Task(String),
+}
+
+impl From<fathom_block::IndexError> for QueryError {
+    fn from(e: fathom_block::IndexError) -> Self {
+        QueryError::Index(e.0)
+    }
 }
 
 impl From<QueryError> for fathom_api::ApiError {
@@ -69,6 +79,9 @@ impl From<QueryError> for fathom_api::ApiError {
         match e {
             QueryError::BadRequest(m) => fathom_api::ApiError::BadRequest(m),
             QueryError::Head(m) => fathom_api::ApiError::Unavailable(m),
+            QueryError::Index(m) => {
+                fathom_api::ApiError::Unavailable(format!("listing blocks: {m}"))
+            }
             e => fathom_api::ApiError::internal(e),
         }
     }
@@ -222,7 +235,16 @@ impl Querier {
     }
 
     /// Blocks of `tenant` overlapping `[start, end]`.
-    pub async fn blocks(&self, tenant: &TenantId, start: i64, end: i64) -> Vec<BlockMeta> {
-        self.inner.index.blocks(tenant.as_str(), start, end).await
+    pub async fn blocks(
+        &self,
+        tenant: &TenantId,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<BlockMeta>, QueryError> {
+        self.inner
+            .index
+            .blocks(tenant.as_str(), start, end)
+            .await
+            .map_err(QueryError::from)
     }
 }

@@ -925,6 +925,7 @@ impl SqlError {
             DataFusionError::External(inner) => match inner.downcast_ref::<QueryError>() {
                 Some(QueryError::BadRequest(m)) => SqlError::Invalid(m.clone()),
                 Some(QueryError::Head(m)) => SqlError::Unavailable(m.clone()),
+                Some(QueryError::Index(m)) => SqlError::Unavailable(format!("listing blocks: {m}")),
                 _ => SqlError::Internal(text),
             },
             DataFusionError::ArrowError(..) | DataFusionError::Execution(_) => {
