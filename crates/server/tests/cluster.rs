@@ -293,7 +293,7 @@ async fn replicated_writes_are_counted_once_wherever_they_sit() {
     for i in 0..3 {
         c.ingesters[i].take().unwrap().stop().await;
     }
-    let blocks = c.index.all().await;
+    let blocks = c.index.all().await.unwrap();
     assert!(
         blocks.len() >= 3,
         "each ingester cut a block: {}",
