@@ -10,6 +10,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use fathom_server::{AllConfig, ObjectStoreConfig, StoreKind};
 
+mod cluster;
+
 #[derive(Parser)]
 #[command(name = "fathom", version, about = "Fathom continuous profiling")]
 struct Cli {
@@ -34,6 +36,17 @@ enum Command {
     /// The eBPF profiling agent (needs root): profiles every process on
     /// this host and pushes to --remote.
     Agent(fathom_agent::AgentArgs),
+    /// A node of the Raft metastore group (membership, block index,
+    /// compaction leases).
+    Metastore(cluster::MetastoreArgs),
+    /// Accepts writes from distributors into its WAL and head; cuts blocks.
+    Ingester(cluster::IngesterArgs),
+    /// Stateless write front: validates and replicates to the ingesters.
+    Distributor(cluster::DistributorArgs),
+    /// Answers queries (HTTP, Flight, Flight SQL) over ingesters and blocks.
+    Querier(cluster::QuerierArgs),
+    /// Merges blocks, applies retention, deletes replaced blocks.
+    Compactor(cluster::CompactorArgs),
 }
 
 /// A size such as `64MiB`, `512KB` or `1048576`.
@@ -53,14 +66,9 @@ enum StoreArg {
     S3,
 }
 
-#[derive(Args)]
-struct AllArgs {
-    /// Address for HTTP and gRPC (one port, HTTP/1.1 and h2c).
-    #[arg(long, env = "FATHOM_LISTEN", default_value = "0.0.0.0:7400")]
-    listen: SocketAddr,
-    /// Where the WAL (and, with the filesystem store, the blocks) live.
-    #[arg(long, env = "FATHOM_DATA_DIR", default_value = "./data")]
-    data_dir: PathBuf,
+/// Where blocks live.
+#[derive(Args, Clone)]
+struct StoreArgs {
     /// Object store for blocks: `filesystem` (<data-dir>/store) or `s3`.
     #[arg(long, env = "FATHOM_OBJECT_STORE", value_enum, default_value_t = StoreArg::Filesystem)]
     object_store: StoreArg,
@@ -82,15 +90,28 @@ struct AllArgs {
     /// Allow an http:// S3 endpoint.
     #[arg(long, env = "FATHOM_S3_ALLOW_HTTP")]
     s3_allow_http: bool,
-    /// Cut the in-memory head into a block at least this often.
-    #[arg(long, env = "FATHOM_FLUSH_INTERVAL", default_value = "30m", value_parser = parse_duration)]
-    flush_interval: Duration,
-    /// Cut a block earlier when the head holds this much (estimated).
-    #[arg(long, env = "FATHOM_MAX_HEAD_SIZE", default_value = "512MiB", value_parser = parse_size)]
-    max_head_size: usize,
-    /// How long shutdown may spend flushing; the WAL keeps what is left.
-    #[arg(long, env = "FATHOM_SHUTDOWN_FLUSH_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    shutdown_flush_timeout: Duration,
+}
+
+impl StoreArgs {
+    fn config(&self) -> ObjectStoreConfig {
+        ObjectStoreConfig {
+            kind: match self.object_store {
+                StoreArg::Filesystem => StoreKind::Filesystem,
+                StoreArg::S3 => StoreKind::S3,
+            },
+            s3_endpoint: self.s3_endpoint.clone(),
+            s3_bucket: self.s3_bucket.clone(),
+            s3_region: self.s3_region.clone(),
+            s3_access_key_id: self.s3_access_key_id.clone(),
+            s3_secret_access_key: self.s3_secret_access_key.clone(),
+            s3_allow_http: self.s3_allow_http,
+        }
+    }
+}
+
+/// What the write path accepts.
+#[derive(Args, Clone)]
+struct LimitArgs {
     /// Largest request body, as sent (413 above).
     #[arg(long, env = "FATHOM_MAX_BODY_SIZE", default_value = "16MiB", value_parser = parse_size)]
     max_body_size: usize,
@@ -113,6 +134,25 @@ struct AllArgs {
         default_value_t = 500_000
     )]
     max_samples_per_profile: usize,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> fathom_server::Limits {
+        fathom_server::Limits {
+            max_body_bytes: self.max_body_size,
+            max_decompressed_bytes: self.max_decompressed_size,
+            max_labels: self.max_labels,
+            max_label_name_len: self.max_label_name_length,
+            max_label_value_len: self.max_label_value_length,
+            max_samples: self.max_samples_per_profile,
+            ..Default::default()
+        }
+    }
+}
+
+/// What the read path allows.
+#[derive(Args, Clone)]
+struct QueryArgs {
     /// Longest query range.
     #[arg(long, env = "FATHOM_MAX_QUERY_RANGE", default_value = "31d", value_parser = parse_duration)]
     max_query_range: Duration,
@@ -127,56 +167,65 @@ struct AllArgs {
     sql_timeout: Duration,
 }
 
-impl AllArgs {
-    fn config(self) -> AllConfig {
-        let limits = fathom_server_limits(&self);
-        let querier = fathom_querier_config(&self);
-        AllConfig {
-            listen: self.listen,
-            data_dir: self.data_dir,
-            store: ObjectStoreConfig {
-                kind: match self.object_store {
-                    StoreArg::Filesystem => StoreKind::Filesystem,
-                    StoreArg::S3 => StoreKind::S3,
-                },
-                s3_endpoint: self.s3_endpoint,
-                s3_bucket: self.s3_bucket,
-                s3_region: self.s3_region,
-                s3_access_key_id: self.s3_access_key_id,
-                s3_secret_access_key: self.s3_secret_access_key,
-                s3_allow_http: self.s3_allow_http,
+impl QueryArgs {
+    fn config(&self) -> fathom_server::QuerierConfig {
+        fathom_server::QuerierConfig {
+            max_range_nanos: self.max_query_range.as_nanos().min(i64::MAX as u128) as i64,
+            sql: fathom_server::SqlConfig {
+                memory_limit: self.sql_memory_limit,
+                timeout: self.sql_timeout,
+                ..Default::default()
             },
-            flush_interval: self.flush_interval,
-            max_head_bytes: self.max_head_size,
-            shutdown_flush_timeout: self.shutdown_flush_timeout,
-            limits,
-            querier,
-            query_threads: self.query_threads,
+            ..Default::default()
         }
     }
 }
 
-fn fathom_server_limits(a: &AllArgs) -> fathom_server::Limits {
-    fathom_server::Limits {
-        max_body_bytes: a.max_body_size,
-        max_decompressed_bytes: a.max_decompressed_size,
-        max_labels: a.max_labels,
-        max_label_name_len: a.max_label_name_length,
-        max_label_value_len: a.max_label_value_length,
-        max_samples: a.max_samples_per_profile,
-        ..Default::default()
-    }
+/// How an ingester cuts blocks.
+#[derive(Args, Clone)]
+struct HeadArgs {
+    /// Cut the in-memory head into a block at least this often.
+    #[arg(long, env = "FATHOM_FLUSH_INTERVAL", default_value = "30m", value_parser = parse_duration)]
+    flush_interval: Duration,
+    /// Cut a block earlier when the head holds this much (estimated).
+    #[arg(long, env = "FATHOM_MAX_HEAD_SIZE", default_value = "512MiB", value_parser = parse_size)]
+    max_head_size: usize,
+    /// How long shutdown may spend flushing; the WAL keeps what is left.
+    #[arg(long, env = "FATHOM_SHUTDOWN_FLUSH_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    shutdown_flush_timeout: Duration,
 }
 
-fn fathom_querier_config(a: &AllArgs) -> fathom_server::QuerierConfig {
-    fathom_server::QuerierConfig {
-        max_range_nanos: a.max_query_range.as_nanos().min(i64::MAX as u128) as i64,
-        sql: fathom_server::SqlConfig {
-            memory_limit: a.sql_memory_limit,
-            timeout: a.sql_timeout,
-            ..Default::default()
-        },
-        ..Default::default()
+#[derive(Args)]
+struct AllArgs {
+    /// Address for HTTP and gRPC (one port, HTTP/1.1 and h2c).
+    #[arg(long, env = "FATHOM_LISTEN", default_value = "0.0.0.0:7400")]
+    listen: SocketAddr,
+    /// Where the WAL (and, with the filesystem store, the blocks) live.
+    #[arg(long, env = "FATHOM_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    head: HeadArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
+    #[command(flatten)]
+    query: QueryArgs,
+}
+
+impl AllArgs {
+    fn config(self) -> AllConfig {
+        AllConfig {
+            listen: self.listen,
+            store: self.store.config(),
+            data_dir: self.data_dir,
+            flush_interval: self.head.flush_interval,
+            max_head_bytes: self.head.max_head_size,
+            shutdown_flush_timeout: self.head.shutdown_flush_timeout,
+            limits: self.limits.limits(),
+            querier: self.query.config(),
+            query_threads: self.query.query_threads,
+        }
     }
 }
 
@@ -238,6 +287,11 @@ async fn main() -> anyhow::Result<()> {
             });
             fathom_agent::run(args, rx).await.context("fathom agent")?;
         }
+        Command::Metastore(a) => cluster::metastore(a, shutdown_signal()).await?,
+        Command::Ingester(a) => cluster::ingester(a, shutdown_signal()).await?,
+        Command::Distributor(a) => cluster::distributor(a, shutdown_signal()).await?,
+        Command::Querier(a) => cluster::querier(a, shutdown_signal()).await?,
+        Command::Compactor(a) => cluster::compactor(a, shutdown_signal()).await?,
     }
     Ok(())
 }

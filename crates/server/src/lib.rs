@@ -17,6 +17,7 @@
 //! accepting, drain requests, flush the heads to blocks (bounded in time;
 //! what does not make it stays in the WAL).
 
+mod cluster;
 mod roles;
 mod store;
 
@@ -37,6 +38,7 @@ use fathom_model::{Id, IngestBatch, Symbols, TenantId};
 use fathom_querier::{Executor, HeadData, HeadSource, Querier, QueryError};
 use prometheus_client::registry::Registry;
 
+pub use cluster::{MetastoreIngesters, MetastoreJobs};
 pub use roles::{
     DistributorConfig, IngesterConfig, QuerierRoleConfig, distributor_app, ingester_app,
     querier_app,
