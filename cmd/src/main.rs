@@ -90,6 +90,9 @@ struct StoreArgs {
     /// Allow an http:// S3 endpoint.
     #[arg(long, env = "FATHOM_S3_ALLOW_HTTP")]
     s3_allow_http: bool,
+    /// Directory of the filesystem store (default <data-dir>/store).
+    #[arg(long, env = "FATHOM_STORE_PATH")]
+    store_path: Option<PathBuf>,
 }
 
 impl StoreArgs {
@@ -105,6 +108,7 @@ impl StoreArgs {
             s3_access_key_id: self.s3_access_key_id.clone(),
             s3_secret_access_key: self.s3_secret_access_key.clone(),
             s3_allow_http: self.s3_allow_http,
+            fs_path: self.store_path.clone(),
         }
     }
 }

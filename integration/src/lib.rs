@@ -2,6 +2,9 @@
 //! way IOx's MiniCluster does), waits until it is ready, and talks to it
 //! over HTTP and gRPC. Shared by every end-to-end test.
 
+pub mod cluster;
+pub mod loadgen;
+
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::TcpListener;
@@ -238,15 +241,7 @@ impl Fathom {
     /// A metric's value from /metrics (first sample whose name matches).
     pub fn metric(&self, name: &str) -> Result<f64> {
         let text = self.http.get(self.url("/metrics")).send()?.text()?;
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix(name)
-                && (rest.starts_with(' ') || rest.starts_with('{'))
-                && let Some(v) = rest.rsplit(' ').next()
-            {
-                return Ok(v.parse()?);
-            }
-        }
-        bail!("metric {name} not found")
+        metric_value(&text, name)
     }
 }
 
@@ -254,6 +249,19 @@ impl Drop for Fathom {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The first sample of metric `name` in an OpenMetrics text.
+pub fn metric_value(text: &str, name: &str) -> Result<f64> {
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix(name)
+            && (rest.starts_with(' ') || rest.starts_with('{'))
+            && let Some(v) = rest.rsplit(' ').next()
+        {
+            return Ok(v.parse()?);
+        }
+    }
+    bail!("metric {name} not found")
 }
 
 /// Parses `stack value` lines (value after the last space).

@@ -28,6 +28,9 @@ pub struct ObjectStoreConfig {
     pub s3_secret_access_key: Option<String>,
     /// Allow plain-HTTP endpoints (test servers on loopback).
     pub s3_allow_http: bool,
+    /// Filesystem store directory (default `<data dir>/store`); processes
+    /// that share it share blocks, like a bucket on one machine.
+    pub fs_path: Option<std::path::PathBuf>,
 }
 
 impl ObjectStoreConfig {
@@ -40,12 +43,17 @@ impl ObjectStoreConfig {
             s3_access_key_id: None,
             s3_secret_access_key: None,
             s3_allow_http: false,
+            fs_path: None,
         }
+    }
+
+    fn fs_dir(&self, data_dir: &Path) -> std::path::PathBuf {
+        self.fs_path.clone().unwrap_or_else(|| data_dir.join("store"))
     }
 
     pub fn describe(&self, data_dir: &Path) -> String {
         match self.kind {
-            StoreKind::Filesystem => format!("file://{}", data_dir.join("store").display()),
+            StoreKind::Filesystem => format!("file://{}", self.fs_dir(data_dir).display()),
             StoreKind::S3 => format!(
                 "s3://{}{}",
                 self.s3_bucket.as_deref().unwrap_or("?"),
@@ -60,7 +68,7 @@ impl ObjectStoreConfig {
     pub fn build(&self, data_dir: &Path) -> Result<Arc<dyn ObjectStore>, Error> {
         match self.kind {
             StoreKind::Filesystem => {
-                let dir = data_dir.join("store");
+                let dir = self.fs_dir(data_dir);
                 std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
                     what: format!("creating {}", dir.display()),
                     source,

@@ -5,6 +5,7 @@
 mod agent;
 mod bad_input;
 mod blocks;
+mod cluster;
 mod corpus;
 mod flight;
 mod pyroscope_client;

@@ -1,0 +1,339 @@
+//! A real cluster on loopback: every role its own `fathom` process (3
+//! metastore nodes, 2 distributors, 3 ingesters, a querier, a compactor)
+//! sharing one filesystem bucket (or an S3 endpoint), started, killed and
+//! restarted by the tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{fathom_bin, free_port};
+
+/// One `fathom <role>` process.
+pub struct Proc {
+    pub name: String,
+    pub port: u16,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    /// Starts `fathom <args…> --listen 127.0.0.1:<port>`; does not wait.
+    pub fn spawn(name: &str, port: u16, args: Vec<String>, log: PathBuf) -> Result<Proc> {
+        let mut p = Proc {
+            name: name.to_owned(),
+            port,
+            args,
+            log,
+            child: None,
+        };
+        p.start()?;
+        Ok(p)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// (Re)starts with the same arguments.
+    pub fn start(&mut self) -> Result<()> {
+        let bin = fathom_bin();
+        if !bin.exists() {
+            bail!("{} is missing: build it with cargo build", bin.display());
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&bin)
+            .args(&self.args)
+            .arg("--listen")
+            .arg(self.addr())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting {}", self.name))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits for `GET /ready` to answer 200.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        let t0 = Instant::now();
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Some(status) = c.try_wait()?
+            {
+                bail!("{} exited with {status}:\n{}", self.name, self.log());
+            }
+            if let Ok(r) = http.get(self.url("/ready")).send()
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            if t0.elapsed() > timeout {
+                bail!("{} not ready after {timeout:?}:\n{}", self.name, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (ingesters flush their heads).
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status()?;
+            let t0 = Instant::now();
+            loop {
+                if let Some(s) = c.try_wait()? {
+                    if !s.success() {
+                        bail!("{} exited with {s}:\n{}", self.name, self.log());
+                    }
+                    return Ok(());
+                }
+                if t0.elapsed() > Duration::from_secs(120) {
+                    let _ = c.kill();
+                    bail!("{} did not stop after SIGTERM", self.name);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// A metric's value from /metrics (the first sample of that name).
+    pub fn metric(&self, name: &str) -> Result<f64> {
+        let text = reqwest::blocking::get(self.url("/metrics"))?.text()?;
+        crate::metric_value(&text, name)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The whole cluster.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub metastores: Vec<Proc>,
+    pub ingesters: Vec<Proc>,
+    pub distributors: Vec<Proc>,
+    pub querier: Proc,
+    pub compactor: Proc,
+}
+
+/// Settings of a test cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// Extra flags of every role but the metastore (e.g. an S3 store).
+    pub store_args: Vec<String>,
+    pub member_timeout: Duration,
+    pub compaction_interval: Duration,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            store_args: Vec::new(),
+            member_timeout: Duration::from_secs(6),
+            compaction_interval: Duration::from_secs(3600),
+        }
+    }
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+impl Cluster {
+    /// Starts everything and waits until each process is ready and the
+    /// distributors see the three ingesters.
+    pub fn start(dir: &Path, opts: &ClusterOptions) -> Result<Cluster> {
+        let dir = dir.to_owned();
+        let log = |n: &str| dir.join(format!("{n}.log"));
+        let mports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let peers = mports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let meta_list = mports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let member_timeout = format!("{}ms", opts.member_timeout.as_millis());
+        let mut metastores = Vec::new();
+        for (i, p) in mports.iter().enumerate() {
+            let name = format!("metastore-{}", i + 1);
+            let mut args = s(&["metastore", "--node-id"]);
+            args.push((i + 1).to_string());
+            args.extend(s(&["--peers", &peers, "--member-timeout", &member_timeout]));
+            args.push("--data-dir".into());
+            args.push(dir.join(&name).display().to_string());
+            metastores.push(Proc::spawn(&name, *p, args, log(&name))?);
+        }
+        let bucket = dir.join("bucket");
+        let mut common = s(&["--metastore", &meta_list, "--heartbeat-interval", "1s"]);
+        if opts.store_args.is_empty() {
+            common.extend(s(&["--store-path", &bucket.display().to_string()]));
+        } else {
+            common.extend(opts.store_args.clone());
+        }
+        let role = |role: &str, name: &str, extra: &[&str]| -> Result<Proc> {
+            let mut args = s(&[role, "--name", name]);
+            args.extend(common.clone());
+            args.push("--data-dir".into());
+            args.push(dir.join(name).display().to_string());
+            args.extend(s(extra));
+            Proc::spawn(name, free_port(), args, log(name))
+        };
+        let mut ingesters = Vec::new();
+        for i in 0..3 {
+            ingesters.push(role(
+                "ingester",
+                &format!("ingester-{i}"),
+                &["--flush-interval", "1h"],
+            )?);
+        }
+        let mut distributors = Vec::new();
+        for i in 0..2 {
+            distributors.push(role("distributor", &format!("distributor-{i}"), &[])?);
+        }
+        let querier = role("querier", "querier", &[])?;
+        let interval = format!("{}ms", opts.compaction_interval.as_millis());
+        let compactor = role(
+            "compactor",
+            "compactor",
+            &["--compaction-interval", &interval, "--delete-delay", "0s"],
+        )?;
+        let mut c = Cluster {
+            dir,
+            metastores,
+            ingesters,
+            distributors,
+            querier,
+            compactor,
+        };
+        for p in c.all_mut() {
+            p.wait_ready(Duration::from_secs(60))?;
+        }
+        c.wait_ingesters(3, Duration::from_secs(30))?;
+        Ok(c)
+    }
+
+    fn all_mut(&mut self) -> impl Iterator<Item = &mut Proc> {
+        self.metastores
+            .iter_mut()
+            .chain(self.ingesters.iter_mut())
+            .chain(self.distributors.iter_mut())
+            .chain(std::iter::once(&mut self.querier))
+            .chain(std::iter::once(&mut self.compactor))
+    }
+
+    /// Metastore addresses, comma-separated.
+    pub fn metastore_list(&self) -> String {
+        self.metastores
+            .iter()
+            .map(Proc::addr)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A metastore client (blocking calls run on their own runtime).
+    fn call<T>(
+        &self,
+        f: impl AsyncFnOnce(fathom_metastore::MetastoreClient) -> Result<T>,
+    ) -> Result<T> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let addrs: Vec<String> = self.metastores.iter().map(Proc::addr).collect();
+        rt.block_on(async move {
+            let c = fathom_metastore::MetastoreClient::new(addrs)?;
+            f(c).await
+        })
+    }
+
+    /// Ingesters the metastore considers live.
+    pub fn live_ingesters(&self) -> Result<Vec<String>> {
+        self.call(async |c| {
+            let mut ids: Vec<String> = c
+                .members(Some(fathom_metastore::Role::Ingester))
+                .await?
+                .into_iter()
+                .map(|m| m.id)
+                .collect();
+            ids.sort();
+            Ok(ids)
+        })
+    }
+
+    /// Blocks in the index for `tenant`.
+    pub fn blocks(&self, tenant: &str) -> Result<Vec<fathom_block::BlockMeta>> {
+        let tenant = tenant.to_owned();
+        self.call(async move |c| Ok(c.blocks(&tenant, i64::MIN, i64::MAX).await?))
+    }
+
+    /// Waits until the metastore reports `n` live ingesters.
+    pub fn wait_ingesters(&self, n: usize, timeout: Duration) -> Result<()> {
+        let t0 = Instant::now();
+        loop {
+            if self.live_ingesters().map(|v| v.len()).unwrap_or(usize::MAX) == n {
+                return Ok(());
+            }
+            if t0.elapsed() > timeout {
+                bail!(
+                    "the metastore does not report {n} live ingesters after {timeout:?}: {:?}",
+                    self.live_ingesters()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The metastore node that reports itself leader.
+    pub fn leader(&self) -> Result<&Proc> {
+        self.metastores
+            .iter()
+            .find(|m| m.metric("fathom_metastore_is_leader").unwrap_or(0.0) == 1.0)
+            .context("no metastore leader")
+    }
+
+    pub fn leader_index(&self) -> Option<usize> {
+        self.metastores
+            .iter()
+            .position(|m| m.metric("fathom_metastore_is_leader").unwrap_or(0.0) == 1.0)
+    }
+}

@@ -1,0 +1,258 @@
+//! The cluster under faults, as separate processes on loopback: 3
+//! metastore nodes, 2 distributors, 3 ingesters (RF=3), a querier, a
+//! compactor. Every acknowledged profile is in query results exactly once
+//! (per-stack totals equal the `go tool pprof` expectations summed over the
+//! acknowledged writes), whatever dies.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use fathom_integration::cluster::{Cluster, ClusterOptions};
+use fathom_integration::loadgen::{self, Ack, LoadOptions, LoadReport};
+use fathom_integration::parse_folded;
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const FILES: [&str; 2] = [
+    "google+pprof/internal/report/testdata/sample.cpu",
+    "google+pprof/internal/driver/testdata/cppbench.cpu",
+];
+/// 2024-01-01T00:00:00Z
+const BASE_S: i64 = 1_704_067_200;
+
+fn secs(var: &str, default: u64) -> Duration {
+    Duration::from_secs(
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default),
+    )
+}
+
+fn load_options(c: &Cluster, duration: Duration) -> LoadOptions {
+    LoadOptions {
+        distributors: c.distributors.iter().map(|d| d.url("")).collect(),
+        tenants: 2,
+        services: 3,
+        rate: 5.0,
+        duration,
+        files: FILES.iter().map(|s| s.to_string()).collect(),
+        base_time_s: BASE_S,
+        retry_for: Duration::from_secs(60),
+    }
+}
+
+/// Runs the load generator in a thread.
+fn load(c: &Cluster, duration: Duration) -> std::thread::JoinHandle<LoadReport> {
+    let opts = load_options(c, duration);
+    std::thread::spawn(move || loadgen::run(&opts, Arc::new(AtomicBool::new(false))).unwrap())
+}
+
+fn folded(c: &Cluster, tenant: &str, service: &str) -> Result<BTreeMap<String, i64>, String> {
+    let r = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+        .get(c.querier.url("/api/v1/query"))
+        .header("X-Scope-OrgID", tenant)
+        .query(&[
+            ("query", format!("{CPU}{{service_name=\"{service}\"}}")),
+            ("start", "2023-12-31T00:00:00Z".into()),
+            ("end", "2024-01-10T00:00:00Z".into()),
+            ("format", "folded".into()),
+        ])
+        .send()
+        .map_err(|e| e.to_string())?;
+    let status = r.status();
+    let text = r.text().map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{status}: {text}"));
+    }
+    parse_folded(&text).map_err(|e| e.to_string())
+}
+
+/// Every acknowledged write exactly once.
+fn check(c: &Cluster, report: &LoadReport) {
+    assert!(
+        report.failed.is_empty(),
+        "writes never acknowledged: {:?}",
+        report.failed
+    );
+    assert!(report.acked.len() >= 10, "the load ran: {}", report.acked.len());
+    let want = loadgen::expected(&report.acked, "cpu/nanoseconds").unwrap();
+    for ((tenant, service), stacks) in &want {
+        let got = folded(c, tenant, service).unwrap();
+        if &got != stacks {
+            let total = |m: &BTreeMap<String, i64>| m.values().sum::<i64>();
+            panic!(
+                "{tenant}/{service}: got total {} over {} stacks, want {} over {} ({} writes acknowledged)",
+                total(&got),
+                got.len(),
+                total(stacks),
+                stacks.len(),
+                report.acked.iter().filter(|a: &&Ack| &a.tenant == tenant && &a.service == service).count()
+            );
+        }
+    }
+}
+
+#[test]
+fn cluster_kill_one_ingester_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let mut c = Cluster::start(dir.path(), &ClusterOptions::default()).unwrap();
+    let cold = t0.elapsed();
+    println!("cold start to ready with 3 live ingesters: {:.1} s", cold.as_secs_f64());
+    assert!(cold < Duration::from_secs(60), "cold start took {cold:?}");
+
+    let duration = secs("FATHOM_CLUSTER_LOAD_SECS", 60);
+    let h = load(&c, duration);
+    std::thread::sleep(duration / 3);
+    c.ingesters[0].kill();
+    let killed = Instant::now();
+    // The dead member leaves the ring within the heartbeat timeout.
+    c.wait_ingesters(2, Duration::from_secs(30)).unwrap();
+    let gone = killed.elapsed();
+    println!("killed ingester left the ring after {:.1} s", gone.as_secs_f64());
+    assert!(gone < Duration::from_secs(15), "{gone:?}");
+    let report = h.join().unwrap();
+    println!(
+        "acknowledged {} writes in {:.0} s, {} retries",
+        report.acked.len(),
+        report.elapsed.as_secs_f64(),
+        report.retries
+    );
+    check(&c, &report);
+}
+
+#[test]
+fn cluster_kill_all_ingesters_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(dir.path(), &ClusterOptions::default()).unwrap();
+    let report = load(&c, secs("FATHOM_CLUSTER_LOAD_SECS", 60) / 4)
+        .join()
+        .unwrap();
+    for i in &mut c.ingesters {
+        i.kill();
+    }
+    for i in &mut c.ingesters {
+        i.start().unwrap();
+    }
+    for i in &mut c.ingesters {
+        i.wait_ready(Duration::from_secs(60)).unwrap();
+    }
+    c.wait_ingesters(3, Duration::from_secs(30)).unwrap();
+    check(&c, &report);
+}
+
+#[test]
+fn cluster_metastore_leader_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(dir.path(), &ClusterOptions::default()).unwrap();
+    let duration = secs("FATHOM_CLUSTER_LOAD_SECS", 60) / 2;
+    let h = load(&c, duration);
+    std::thread::sleep(duration / 3);
+    let old = c.leader_index().expect("a leader");
+    c.metastores[old].kill();
+    let t = Instant::now();
+    let new = loop {
+        if let Some(i) = c.leader_index()
+            && i != old
+        {
+            break i;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no new leader");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!(
+        "new metastore leader (node {}) after {:.1} s",
+        new + 1,
+        t.elapsed().as_secs_f64()
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let report = h.join().unwrap();
+    check(&c, &report);
+    // The old leader rejoins from its disk.
+    c.metastores[old].start().unwrap();
+    c.metastores[old].wait_ready(Duration::from_secs(60)).unwrap();
+    c.wait_ingesters(3, Duration::from_secs(30)).unwrap();
+}
+
+#[test]
+fn cluster_compaction_keeps_answers_and_shrinks_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ClusterOptions {
+        compaction_interval: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let mut c = Cluster::start(dir.path(), &opts).unwrap();
+    // Stop the compactor while level-0 blocks pile up.
+    c.compactor.stop().unwrap();
+    let report = load(&c, Duration::from_secs(10)).join().unwrap();
+    // Flush every head (SIGTERM), restart empty: blocks alone.
+    for i in &mut c.ingesters {
+        i.stop().unwrap();
+    }
+    for i in &mut c.ingesters {
+        i.start().unwrap();
+        i.wait_ready(Duration::from_secs(60)).unwrap();
+    }
+    c.wait_ingesters(3, Duration::from_secs(30)).unwrap();
+    check(&c, &report);
+    let before: Vec<_> = c.blocks("tenant-0").unwrap();
+    let bytes = |b: &[fathom_block::BlockMeta]| b.iter().map(|m| m.stats.bytes).sum::<u64>();
+    assert!(before.len() >= 3, "three replicas' level-0 blocks: {}", before.len());
+    c.compactor.start().unwrap();
+    c.compactor.wait_ready(Duration::from_secs(60)).unwrap();
+    let t = Instant::now();
+    let after = loop {
+        let b = c.blocks("tenant-0").unwrap();
+        if b.len() == 1 && b[0].level >= 1 {
+            break b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "not compacted: {b:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    println!(
+        "compaction: {} blocks, {} bytes -> {} block, {} bytes",
+        before.len(),
+        bytes(&before),
+        after.len(),
+        bytes(&after)
+    );
+    assert!(bytes(&after) < bytes(&before));
+    check(&c, &report);
+}
+
+#[test]
+fn cluster_tenants_are_isolated() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), &ClusterOptions::default()).unwrap();
+    let report = load(&c, Duration::from_secs(5)).join().unwrap();
+    check(&c, &report);
+    let http = reqwest::blocking::Client::new();
+    // tenant-1's services are invisible to tenant-0 and to a third tenant.
+    for (tenant, other) in [("tenant-0", "tenant-1"), ("stranger", "tenant-0")] {
+        let v: serde_json::Value = http
+            .get(c.querier.url("/api/v1/label/service_name/values"))
+            .header("X-Scope-OrgID", tenant)
+            .query(&[("start", "2023-12-31T00:00:00Z"), ("end", "2024-01-10T00:00:00Z")])
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let own: Vec<&Ack> = report.acked.iter().filter(|a| a.tenant == tenant).collect();
+        let values = v.to_string();
+        if own.is_empty() {
+            assert!(!values.contains("svc-"), "{tenant} sees {values}");
+        }
+        let theirs = folded(&c, tenant, "svc-0").unwrap();
+        let want = loadgen::expected(&report.acked, "cpu/nanoseconds").unwrap();
+        let mine = want
+            .get(&(tenant.to_owned(), "svc-0".to_owned()))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(theirs, mine, "{tenant} sees only its own svc-0, not {other}'s");
+    }
+}
