@@ -662,5 +662,9 @@ async fn node_not_in_its_peer_list_does_not_start() {
         ..MetastoreConfig::default()
     };
     let err = MetastoreNode::start(cfg).await.err().unwrap();
-    assert!(err.to_string().contains("node id 4 is not in the peer list"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("node id 4 is not in the peer list"),
+        "{err}"
+    );
 }
