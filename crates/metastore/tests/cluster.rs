@@ -668,3 +668,63 @@ async fn node_not_in_its_peer_list_does_not_start() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_redirect_with_the_leader_address() {
+    use fathom_metastore::proto;
+    let c = Cluster::start(3, Duration::from_secs(15)).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = (leader + 1) % 3;
+    let mut raw = proto::metastore_client::MetastoreClient::connect(format!(
+        "http://{}",
+        c.cfgs[follower].advertise
+    ))
+    .await
+    .unwrap();
+    let status = raw
+        .blocks(proto::BlocksRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    let hint = status
+        .metadata()
+        .get(fathom_metastore::LEADER_METADATA)
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert_eq!(hint, c.cfgs[leader].advertise);
+    assert!(
+        status.message().contains(&c.cfgs[leader].advertise),
+        "{}",
+        status.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_tolerate_two_failures() {
+    let mut c = Cluster::start(5, Duration::from_secs(15)).await;
+    let client = c.client();
+    let first = c.wait_leader(Duration::from_secs(10)).await;
+    client.add_block(block("t1", "b1", 0, 1)).await.unwrap();
+    // Stop the leader and one follower: three of five remain, a quorum.
+    c.stop(first).await;
+    c.stop((first + 1) % 5).await;
+    c.wait_leader(Duration::from_secs(5)).await;
+    client.add_block(block("t1", "b2", 0, 1)).await.unwrap();
+    assert_eq!(ids(&client.all_blocks().await.unwrap()), ["b1", "b2"]);
+    // A third failure loses the quorum: calls fail after the deadline
+    // instead of answering from a minority.
+    let survivors: Vec<usize> = (0..5).filter(|i| c.nodes[*i].is_some()).collect();
+    c.stop(survivors[0]).await;
+    let short = MetastoreClient::with_options(
+        c.addrs(),
+        ClientOptions {
+            deadline: Duration::from_secs(2),
+            attempt_timeout: Duration::from_millis(500),
+            max_backoff: Duration::from_millis(200),
+        },
+    )
+    .unwrap();
+    let err = short.blocks("t1", 0, 1).await.unwrap_err();
+    assert!(matches!(err, MetastoreError::Unavailable { .. }), "{err}");
+}
