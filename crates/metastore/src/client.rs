@@ -144,6 +144,16 @@ impl MetastoreClient {
         F: Fn(Grpc<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.call_any(f, true).await
+    }
+
+    /// Like [`Self::call`]; `leader_only` says whether a success proves
+    /// that the node answering is the leader (every call but `leader`).
+    async fn call_any<T, F, Fut>(&self, f: F, leader_only: bool) -> Result<T, MetastoreError>
+    where
+        F: Fn(Grpc<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let opts = &self.inner.opts;
         let deadline = Instant::now() + opts.deadline;
         let mut backoff = Duration::from_millis(25);
@@ -159,7 +169,9 @@ impl MetastoreClient {
             let left = deadline.saturating_duration_since(Instant::now());
             let err = match tokio::time::timeout(opts.attempt_timeout.min(left), f(client)).await {
                 Ok(Ok(resp)) => {
-                    *self.inner.leader.lock() = Some(addr);
+                    if leader_only {
+                        *self.inner.leader.lock() = Some(addr);
+                    }
                     return Ok(resp.into_inner());
                 }
                 Ok(Err(status)) => status,
@@ -409,7 +421,10 @@ impl MetastoreClient {
     /// The leader's address, as some node of the group knows it.
     pub async fn leader(&self) -> Result<Option<String>, MetastoreError> {
         let r = self
-            .call(|mut c| async move { c.leader(proto::Empty {}).await })
+            .call_any(
+                |mut c| async move { c.leader(proto::Empty {}).await },
+                false,
+            )
             .await?;
         Ok(r.addr)
     }

@@ -605,3 +605,126 @@ async fn new_leader_gives_registered_members_one_timeout_of_grace() {
     );
     assert_eq!(client.all_members(None).await.unwrap().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_mount_on_a_shared_grpc_server() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = MetastoreConfig {
+        serve: false,
+        election_timeout: (Duration::from_millis(300), Duration::from_millis(600)),
+        raft_heartbeat_interval: Duration::from_millis(100),
+        ..MetastoreConfig::single(dir.path(), addr)
+    };
+    let node = MetastoreNode::start(cfg).await.unwrap();
+    // The process's own server, with the metastore next to its services.
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_routes(node.routes())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async {
+                    let _ = rx.await;
+                },
+            ),
+    );
+    let client = MetastoreClient::new([addr.to_string()]).unwrap();
+    client.add_block(block("t1", "b1", 0, 1)).await.unwrap();
+    assert_eq!(ids(&client.blocks("t1", 0, 1).await.unwrap()), ["b1"]);
+    assert_eq!(node.local_blocks().len(), 1);
+    let _ = tx.send(());
+    let _ = server.await;
+    node.shutdown().await;
+}
+
+#[test]
+fn peer_lists_parse_and_bad_configs_are_refused() {
+    let peers = MetastoreConfig::parse_peers("1=a:1, 2=b:2,3=c:3").unwrap();
+    assert_eq!(
+        peers,
+        vec![(1, "a:1".to_string()), (2, "b:2".into()), (3, "c:3".into())]
+    );
+    let err = MetastoreConfig::parse_peers("1=a:1,x=b:2").unwrap_err();
+    assert!(err.to_string().contains("\"x\""), "{err}");
+    assert!(MetastoreConfig::parse_peers("1").is_err());
+}
+
+#[tokio::test]
+async fn node_not_in_its_peer_list_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = MetastoreConfig {
+        node_id: 4,
+        peers: vec![(1, "127.0.0.1:1".into()), (2, "127.0.0.1:2".into())],
+        data_dir: dir.path().to_owned(),
+        ..MetastoreConfig::default()
+    };
+    let err = MetastoreNode::start(cfg).await.err().unwrap();
+    assert!(
+        err.to_string()
+            .contains("node id 4 is not in the peer list"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_redirect_with_the_leader_address() {
+    use fathom_metastore::proto;
+    let c = Cluster::start(3, Duration::from_secs(15)).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = (leader + 1) % 3;
+    let mut raw = proto::metastore_client::MetastoreClient::connect(format!(
+        "http://{}",
+        c.cfgs[follower].advertise
+    ))
+    .await
+    .unwrap();
+    let status = raw
+        .blocks(proto::BlocksRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    let hint = status
+        .metadata()
+        .get(fathom_metastore::LEADER_METADATA)
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert_eq!(hint, c.cfgs[leader].advertise);
+    assert!(
+        status.message().contains(&c.cfgs[leader].advertise),
+        "{}",
+        status.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_tolerate_two_failures() {
+    let mut c = Cluster::start(5, Duration::from_secs(15)).await;
+    let client = c.client();
+    let first = c.wait_leader(Duration::from_secs(10)).await;
+    client.add_block(block("t1", "b1", 0, 1)).await.unwrap();
+    // Stop the leader and one follower: three of five remain, a quorum.
+    c.stop(first).await;
+    c.stop((first + 1) % 5).await;
+    c.wait_leader(Duration::from_secs(5)).await;
+    client.add_block(block("t1", "b2", 0, 1)).await.unwrap();
+    assert_eq!(ids(&client.all_blocks().await.unwrap()), ["b1", "b2"]);
+    // A third failure loses the quorum: calls fail after the deadline
+    // instead of answering from a minority.
+    let survivors: Vec<usize> = (0..5).filter(|i| c.nodes[*i].is_some()).collect();
+    c.stop(survivors[0]).await;
+    let short = MetastoreClient::with_options(
+        c.addrs(),
+        ClientOptions {
+            deadline: Duration::from_secs(2),
+            attempt_timeout: Duration::from_millis(500),
+            max_backoff: Duration::from_millis(200),
+        },
+    )
+    .unwrap();
+    let err = short.blocks("t1", 0, 1).await.unwrap_err();
+    assert!(matches!(err, MetastoreError::Unavailable { .. }), "{err}");
+}

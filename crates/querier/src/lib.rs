@@ -248,3 +248,70 @@ impl Querier {
             .map_err(QueryError::from)
     }
 }
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+    use fathom_block::IndexError;
+
+    struct NoHeads;
+
+    #[async_trait::async_trait]
+    impl HeadSource for NoHeads {
+        async fn snapshot(
+            &self,
+            _tenant: &TenantId,
+            _start: i64,
+            _end: i64,
+        ) -> Result<Vec<HeadData>, QueryError> {
+            Ok(Vec::new())
+        }
+        async fn symbols(&self, _tenant: &TenantId, _stacks: &[Id]) -> Result<Symbols, QueryError> {
+            Ok(Symbols::default())
+        }
+    }
+
+    /// An index that cannot answer, like an unreachable metastore.
+    struct Down;
+
+    #[async_trait::async_trait]
+    impl BlockIndex for Down {
+        async fn add(&self, _meta: BlockMeta) -> Result<(), IndexError> {
+            Err(IndexError("metastore unreachable".into()))
+        }
+        async fn blocks(&self, _t: &str, _s: i64, _e: i64) -> Result<Vec<BlockMeta>, IndexError> {
+            Err(IndexError("metastore unreachable".into()))
+        }
+        async fn all(&self) -> Result<Vec<BlockMeta>, IndexError> {
+            Err(IndexError("metastore unreachable".into()))
+        }
+        async fn remove(&self, _t: &str, _ids: &[String]) -> Result<(), IndexError> {
+            Err(IndexError("metastore unreachable".into()))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_index_fails_queries_as_unavailable() {
+        let q = Querier::new(
+            Config::default(),
+            Arc::new(NoHeads),
+            Arc::new(Down),
+            Arc::new(object_store::memory::InMemory::new()),
+            executor::Executor::new(1).unwrap(),
+            &mut prometheus_client::registry::Registry::default(),
+        )
+        .unwrap();
+        let t = TenantId::new("t1").unwrap();
+        let err = q.series(&t, None, 0, 1000).await.unwrap_err();
+        assert!(
+            matches!(&err, QueryError::Index(m) if m.contains("unreachable")),
+            "{err}"
+        );
+        let api = fathom_api::ApiError::from(err);
+        assert!(matches!(api, fathom_api::ApiError::Unavailable(_)), "{api}");
+        assert!(matches!(
+            q.blocks(&t, 0, 1000).await,
+            Err(QueryError::Index(_))
+        ));
+    }
+}
