@@ -205,17 +205,20 @@ impl Cluster {
             metastores.push(Proc::spawn(&name, *p, args, log(&name))?);
         }
         let bucket = dir.join("bucket");
-        let mut common = s(&["--metastore", &meta_list, "--heartbeat-interval", "1s"]);
-        if opts.store_args.is_empty() {
-            common.extend(s(&["--store-path", &bucket.display().to_string()]));
+        let common = s(&["--metastore", &meta_list, "--heartbeat-interval", "1s"]);
+        let store = if opts.store_args.is_empty() {
+            s(&["--store-path", &bucket.display().to_string()])
         } else {
-            common.extend(opts.store_args.clone());
-        }
+            opts.store_args.clone()
+        };
         let role = |role: &str, name: &str, extra: &[&str]| -> Result<Proc> {
             let mut args = s(&[role, "--name", name]);
             args.extend(common.clone());
-            args.push("--data-dir".into());
-            args.push(dir.join(name).display().to_string());
+            if role != "distributor" {
+                args.extend(store.clone());
+                args.push("--data-dir".into());
+                args.push(dir.join(name).display().to_string());
+            }
             args.extend(s(extra));
             Proc::spawn(name, free_port(), args, log(name))
         };
