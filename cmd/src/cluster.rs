@@ -113,7 +113,9 @@ pub(crate) async fn metastore(
         serve: false,
         ..Default::default()
     };
-    let node = MetastoreNode::start(cfg).await.context("starting the metastore node")?;
+    let node = MetastoreNode::start(cfg)
+        .await
+        .context("starting the metastore node")?;
     let mut registry = Registry::default();
     node.register_metrics(&mut registry);
     let app = node.routes().into_axum_router();
@@ -203,7 +205,8 @@ pub(crate) async fn distributor(
         &mut registry,
     );
     let hb = a.node.heartbeat(&client, Role::Distributor);
-    let r = fathom_server::serve(a.node.listen, registry, app, None, Duration::ZERO, shutdown).await;
+    let r =
+        fathom_server::serve(a.node.listen, registry, app, None, Duration::ZERO, shutdown).await;
     hb.abort();
     r.context("serving the distributor")
 }
@@ -247,7 +250,8 @@ pub(crate) async fn querier(
         &mut registry,
     )?;
     let hb = a.node.heartbeat(&client, Role::Querier);
-    let r = fathom_server::serve(a.node.listen, registry, app, None, Duration::ZERO, shutdown).await;
+    let r =
+        fathom_server::serve(a.node.listen, registry, app, None, Duration::ZERO, shutdown).await;
     hb.abort();
     r.context("serving the querier")
 }

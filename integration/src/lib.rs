@@ -3,6 +3,7 @@
 //! over HTTP and gRPC. Shared by every end-to-end test.
 
 pub mod cluster;
+pub mod garage;
 pub mod loadgen;
 
 use std::collections::BTreeMap;

@@ -329,11 +329,10 @@ impl Compactor {
     async fn compact(&self, job: &Job) -> Result<BlockMeta, Error> {
         let (mut data, duplicates) = merge(self.store.as_ref(), &job.blocks).await?;
         data.source = self.cfg.name.clone();
-        let (mut meta, files) = tokio::task::spawn_blocking(move || {
-            fathom_block::encode_block(&data)
-        })
-        .await
-        .map_err(|e| Error::Task(e.to_string()))??;
+        let (mut meta, files) =
+            tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
+                .await
+                .map_err(|e| Error::Task(e.to_string()))??;
         meta.id = derived_id(&job.blocks);
         fathom_block::write_block(self.store.as_ref(), &meta, files).await?;
         self.index

@@ -48,7 +48,9 @@ impl ObjectStoreConfig {
     }
 
     fn fs_dir(&self, data_dir: &Path) -> std::path::PathBuf {
-        self.fs_path.clone().unwrap_or_else(|| data_dir.join("store"))
+        self.fs_path
+            .clone()
+            .unwrap_or_else(|| data_dir.join("store"))
     }
 
     pub fn describe(&self, data_dir: &Path) -> String {

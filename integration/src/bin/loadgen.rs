@@ -28,7 +28,10 @@ struct Args {
     #[arg(long, default_value_t = 60)]
     seconds: u64,
     /// Corpus file under ../shared/testdata/pprof; repeat for several.
-    #[arg(long, default_value = "google+pprof/internal/report/testdata/sample.cpu")]
+    #[arg(
+        long,
+        default_value = "google+pprof/internal/report/testdata/sample.cpu"
+    )]
     file: Vec<String>,
 }
 

@@ -79,7 +79,11 @@ fn check(c: &Cluster, report: &LoadReport) {
         "writes never acknowledged: {:?}",
         report.failed
     );
-    assert!(report.acked.len() >= 10, "the load ran: {}", report.acked.len());
+    assert!(
+        report.acked.len() >= 10,
+        "the load ran: {}",
+        report.acked.len()
+    );
     let want = loadgen::expected(&report.acked, "cpu/nanoseconds").unwrap();
     for ((tenant, service), stacks) in &want {
         let got = folded(c, tenant, service).unwrap();
@@ -91,7 +95,11 @@ fn check(c: &Cluster, report: &LoadReport) {
                 got.len(),
                 total(stacks),
                 stacks.len(),
-                report.acked.iter().filter(|a: &&Ack| &a.tenant == tenant && &a.service == service).count()
+                report
+                    .acked
+                    .iter()
+                    .filter(|a: &&Ack| &a.tenant == tenant && &a.service == service)
+                    .count()
             );
         }
     }
@@ -103,7 +111,10 @@ fn cluster_kill_one_ingester_under_load() {
     let t0 = Instant::now();
     let mut c = Cluster::start(dir.path(), &ClusterOptions::default()).unwrap();
     let cold = t0.elapsed();
-    println!("cold start to ready with 3 live ingesters: {:.1} s", cold.as_secs_f64());
+    println!(
+        "cold start to ready with 3 live ingesters: {:.1} s",
+        cold.as_secs_f64()
+    );
     assert!(cold < Duration::from_secs(60), "cold start took {cold:?}");
 
     let duration = secs("FATHOM_CLUSTER_LOAD_SECS", 60);
@@ -114,7 +125,10 @@ fn cluster_kill_one_ingester_under_load() {
     // The dead member leaves the ring within the heartbeat timeout.
     c.wait_ingesters(2, Duration::from_secs(30)).unwrap();
     let gone = killed.elapsed();
-    println!("killed ingester left the ring after {:.1} s", gone.as_secs_f64());
+    println!(
+        "killed ingester left the ring after {:.1} s",
+        gone.as_secs_f64()
+    );
     assert!(gone < Duration::from_secs(15), "{gone:?}");
     let report = h.join().unwrap();
     println!(
@@ -175,7 +189,9 @@ fn cluster_metastore_leader_dies() {
     check(&c, &report);
     // The old leader rejoins from its disk.
     c.metastores[old].start().unwrap();
-    c.metastores[old].wait_ready(Duration::from_secs(60)).unwrap();
+    c.metastores[old]
+        .wait_ready(Duration::from_secs(60))
+        .unwrap();
     c.wait_ingesters(3, Duration::from_secs(30)).unwrap();
 }
 
@@ -202,7 +218,11 @@ fn cluster_compaction_keeps_answers_and_shrinks_blocks() {
     check(&c, &report);
     let before: Vec<_> = c.blocks("tenant-0").unwrap();
     let bytes = |b: &[fathom_block::BlockMeta]| b.iter().map(|m| m.stats.bytes).sum::<u64>();
-    assert!(before.len() >= 3, "three replicas' level-0 blocks: {}", before.len());
+    assert!(
+        before.len() >= 3,
+        "three replicas' level-0 blocks: {}",
+        before.len()
+    );
     c.compactor.start().unwrap();
     c.compactor.wait_ready(Duration::from_secs(60)).unwrap();
     let t = Instant::now();
@@ -211,7 +231,10 @@ fn cluster_compaction_keeps_answers_and_shrinks_blocks() {
         if b.len() == 1 && b[0].level >= 1 {
             break b;
         }
-        assert!(t.elapsed() < Duration::from_secs(60), "not compacted: {b:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "not compacted: {b:?}"
+        );
         std::thread::sleep(Duration::from_millis(500));
     };
     println!(
@@ -237,7 +260,10 @@ fn cluster_tenants_are_isolated() {
         let v: serde_json::Value = http
             .get(c.querier.url("/api/v1/label/service_name/values"))
             .header("X-Scope-OrgID", tenant)
-            .query(&[("start", "2023-12-31T00:00:00Z"), ("end", "2024-01-10T00:00:00Z")])
+            .query(&[
+                ("start", "2023-12-31T00:00:00Z"),
+                ("end", "2024-01-10T00:00:00Z"),
+            ])
             .send()
             .unwrap()
             .json()
@@ -253,6 +279,57 @@ fn cluster_tenants_are_isolated() {
             .get(&(tenant.to_owned(), "svc-0".to_owned()))
             .cloned()
             .unwrap_or_default();
-        assert_eq!(theirs, mine, "{tenant} sees only its own svc-0, not {other}'s");
+        assert_eq!(
+            theirs, mine,
+            "{tenant} sees only its own svc-0, not {other}'s"
+        );
     }
+}
+
+/// Garage (a real S3 server) stops for 30 s under load: ingest keeps
+/// acknowledging into the WALs, block uploads retry, nothing is lost once
+/// it is back.
+#[test]
+fn cluster_object_store_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut garage = fathom_integration::garage::Garage::start(&dir.path().join("garage")).unwrap();
+    let opts = ClusterOptions {
+        store_args: garage.store_args(),
+        ..Default::default()
+    };
+    let mut c = Cluster::start(dir.path(), &opts).unwrap();
+    let outage = secs("FATHOM_S3_OUTAGE_SECS", 30);
+    let h = load(&c, outage + Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(5));
+    garage.stop();
+    // Cut blocks while the bucket is gone: SIGTERM flushes fail and retry
+    // until their deadline; the WAL keeps the data.
+    let t = Instant::now();
+    c.ingesters[0].kill();
+    c.ingesters[0].start().unwrap();
+    c.ingesters[0].wait_ready(Duration::from_secs(60)).unwrap();
+    std::thread::sleep(outage.saturating_sub(t.elapsed()));
+    garage.restart().unwrap();
+    let report = h.join().unwrap();
+    assert!(
+        report.failed.is_empty(),
+        "ingest kept acknowledging during the outage: {:?}",
+        report.failed
+    );
+    check(&c, &report);
+    // Flush everything into the bucket now that it is back, and read it
+    // from blocks alone.
+    for i in &mut c.ingesters {
+        i.stop().unwrap();
+    }
+    for i in &mut c.ingesters {
+        i.start().unwrap();
+        i.wait_ready(Duration::from_secs(60)).unwrap();
+    }
+    c.wait_ingesters(3, Duration::from_secs(30)).unwrap();
+    assert!(
+        !c.blocks("tenant-0").unwrap().is_empty(),
+        "blocks reached S3"
+    );
+    check(&c, &report);
 }
