@@ -60,13 +60,30 @@ impl NodeArgs {
         MetastoreClient::new(self.metastore.clone()).context("metastore addresses")
     }
 
-    /// Registers this process and heartbeats until it exits.
-    fn heartbeat(&self, client: &MetastoreClient, role: Role) -> tokio::task::JoinHandle<()> {
-        fathom_metastore::spawn_heartbeat(
+    /// Serves `app` as `role` until `shutdown`, registered in the metastore
+    /// and heartbeating meanwhile.
+    async fn serve(
+        &self,
+        client: &MetastoreClient,
+        role: Role,
+        registry: Registry,
+        app: axum::Router,
+        ingester: Option<(Arc<fathom_ingester::Ingester>, Duration)>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let hb = fathom_metastore::spawn_heartbeat(
             client.clone(),
             Member::new(self.name(role), role, self.advertise()),
             self.heartbeat_interval,
-        )
+        );
+        tracing::info!(name = %self.name(role), role = role.as_str(), "started");
+        let (ingester, flush) = match ingester {
+            Some((i, t)) => (Some(i), t),
+            None => (None, Duration::ZERO),
+        };
+        let r = fathom_server::serve(self.listen, registry, app, ingester, flush, shutdown).await;
+        hb.abort();
+        r.with_context(|| format!("serving the {}", role.as_str()))
     }
 }
 
@@ -147,10 +164,9 @@ pub(crate) async fn ingester(
     let client = a.node.client()?;
     let store = a.store.config().build(&a.data_dir)?;
     let mut registry = Registry::default();
-    let name = a.node.name(Role::Ingester);
     let (app, ingester) = fathom_server::ingester_app(
         &IngesterConfig {
-            name: name.clone(),
+            name: a.node.name(Role::Ingester),
             data_dir: a.data_dir.clone(),
             flush_interval: a.head.flush_interval,
             max_head_bytes: a.head.max_head_size,
@@ -159,20 +175,17 @@ pub(crate) async fn ingester(
         Arc::new(client.clone()),
         &mut registry,
     )?;
-    // Join the ring only once the WAL is replayed (Ingester::open did it).
-    let hb = a.node.heartbeat(&client, Role::Ingester);
-    tracing::info!(%name, "ingester started");
-    let r = fathom_server::serve(
-        a.node.listen,
-        registry,
-        app,
-        Some(ingester),
-        a.head.shutdown_flush_timeout,
-        shutdown,
-    )
-    .await;
-    hb.abort();
-    r.context("serving the ingester")
+    // Joins the ring only now that the WAL is replayed (Ingester::open).
+    a.node
+        .serve(
+            &client,
+            Role::Ingester,
+            registry,
+            app,
+            Some((ingester, a.head.shutdown_flush_timeout)),
+            shutdown,
+        )
+        .await
 }
 
 #[derive(Args)]
@@ -204,11 +217,9 @@ pub(crate) async fn distributor(
         Arc::new(MetastoreIngesters(client.clone())),
         &mut registry,
     );
-    let hb = a.node.heartbeat(&client, Role::Distributor);
-    let r =
-        fathom_server::serve(a.node.listen, registry, app, None, Duration::ZERO, shutdown).await;
-    hb.abort();
-    r.context("serving the distributor")
+    a.node
+        .serve(&client, Role::Distributor, registry, app, None, shutdown)
+        .await
 }
 
 #[derive(Args)]
@@ -249,11 +260,9 @@ pub(crate) async fn querier(
         store,
         &mut registry,
     )?;
-    let hb = a.node.heartbeat(&client, Role::Querier);
-    let r =
-        fathom_server::serve(a.node.listen, registry, app, None, Duration::ZERO, shutdown).await;
-    hb.abort();
-    r.context("serving the querier")
+    a.node
+        .serve(&client, Role::Querier, registry, app, None, shutdown)
+        .await
 }
 
 /// `tenant=duration,tenant=duration`.
@@ -316,18 +325,18 @@ pub(crate) async fn compactor(
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(c.run(stop_rx));
-    let hb = a.node.heartbeat(&client, Role::Compactor);
-    let r = fathom_server::serve(
-        a.node.listen,
-        registry,
-        axum::Router::new(),
-        None,
-        Duration::ZERO,
-        shutdown,
-    )
-    .await;
+    let r = a
+        .node
+        .serve(
+            &client,
+            Role::Compactor,
+            registry,
+            axum::Router::new(),
+            None,
+            shutdown,
+        )
+        .await;
     let _ = stop_tx.send(true);
     let _ = task.await;
-    hb.abort();
-    r.context("serving the compactor")
+    r
 }

@@ -265,6 +265,25 @@ impl Cluster {
             .chain(std::iter::once(&mut self.compactor))
     }
 
+    /// Stops (SIGTERM: heads flushed) or kills (SIGKILL: WAL replay) every
+    /// ingester, starts them again, and waits until all three are live.
+    pub fn restart_ingesters(&mut self, graceful: bool) -> Result<()> {
+        for i in &mut self.ingesters {
+            if graceful {
+                i.stop()?;
+            } else {
+                i.kill();
+            }
+        }
+        for i in &mut self.ingesters {
+            i.start()?;
+        }
+        for i in &mut self.ingesters {
+            i.wait_ready(Duration::from_secs(60))?;
+        }
+        self.wait_ingesters(3, Duration::from_secs(30))
+    }
+
     /// Metastore addresses, comma-separated.
     pub fn metastore_list(&self) -> String {
         self.metastores

@@ -30,6 +30,36 @@ impl Ingesters for StaticIngesters {
     }
 }
 
+/// Lazily connected gRPC channels, one per `host:port`, each call bounded
+/// by `timeout`.
+pub struct Channels {
+    channels: parking_lot::Mutex<std::collections::HashMap<String, tonic::transport::Channel>>,
+    timeout: std::time::Duration,
+}
+
+impl Channels {
+    pub fn new(timeout: std::time::Duration) -> Self {
+        Channels {
+            channels: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            timeout,
+        }
+    }
+
+    /// The channel to `addr`, created on first use.
+    pub fn get(&self, addr: &str) -> Result<tonic::transport::Channel, String> {
+        if let Some(c) = self.channels.lock().get(addr) {
+            return Ok(c.clone());
+        }
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("address {addr}: {e}"))?
+            .connect_timeout(self.timeout)
+            .timeout(self.timeout)
+            .connect_lazy();
+        self.channels.lock().insert(addr.to_owned(), ch.clone());
+        Ok(ch)
+    }
+}
+
 /// Writes a quorum of `replication_factor` replicas must acknowledge.
 pub fn quorum(replication_factor: usize) -> usize {
     replication_factor / 2 + 1

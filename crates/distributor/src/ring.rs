@@ -21,16 +21,14 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fathom_api::cluster::{IngesterAddr, Ingesters, quorum};
+use fathom_api::cluster::{Channels, IngesterAddr, Ingesters, quorum};
 use fathom_model::{Id, IdHasher, IngestBatch, Labels, Symbols, TenantId};
 use fathom_proto::ingester::WriteRequest;
 use fathom_proto::ingester::ingester_service_client::IngesterServiceClient;
-use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use rendezvous_hash::{KeyValueNode, NodeHasher, RendezvousNodes};
-use tonic::transport::{Channel, Endpoint};
 
 use crate::{IngesterWriter, WriteError};
 
@@ -93,37 +91,18 @@ pub trait ReplicaClient: Send + Sync + 'static {
 }
 
 /// [`ReplicaClient`] over gRPC, one lazily connected channel per address.
-pub struct GrpcReplicas {
-    channels: Mutex<HashMap<String, Channel>>,
-    timeout: Duration,
-}
+pub struct GrpcReplicas(Channels);
 
 impl GrpcReplicas {
     pub fn new(timeout: Duration) -> Self {
-        GrpcReplicas {
-            channels: Mutex::new(HashMap::new()),
-            timeout,
-        }
-    }
-
-    fn channel(&self, addr: &str) -> Result<Channel, String> {
-        if let Some(c) = self.channels.lock().get(addr) {
-            return Ok(c.clone());
-        }
-        let ch = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("ingester address {addr}: {e}"))?
-            .connect_timeout(self.timeout)
-            .timeout(self.timeout)
-            .connect_lazy();
-        self.channels.lock().insert(addr.to_owned(), ch.clone());
-        Ok(ch)
+        GrpcReplicas(Channels::new(timeout))
     }
 }
 
 #[async_trait::async_trait]
 impl ReplicaClient for GrpcReplicas {
     async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), String> {
-        let ch = self.channel(&to.addr)?;
+        let ch = self.0.get(&to.addr)?;
         IngesterServiceClient::new(ch)
             .max_encoding_message_size(64 << 20)
             .write(req)
@@ -290,6 +269,7 @@ impl IngesterWriter for ReplicatedWriter {
 mod tests {
     use super::*;
     use fathom_api::cluster::StaticIngesters;
+    use parking_lot::Mutex;
     use std::collections::{BTreeMap, HashSet};
 
     fn members(n: usize) -> Vec<IngesterAddr> {

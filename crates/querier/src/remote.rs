@@ -10,7 +10,6 @@
 //! profile (the planner counts each profile id once); missing more is an
 //! error, never a silently partial answer.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,12 +19,10 @@ use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use bytes::Bytes;
-use fathom_api::cluster::{IngesterAddr, Ingesters, quorum};
+use fathom_api::cluster::{Channels, IngesterAddr, Ingesters, quorum};
 use fathom_model::{Id, IngestBatch, Symbols, TenantId};
 use futures::{StreamExt, TryStreamExt};
-use parking_lot::Mutex;
 use prost::Message;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::flight::{HeadMeta, HeadTicket};
 use crate::{HeadData, HeadSource, QueryError};
@@ -34,8 +31,7 @@ use crate::{HeadData, HeadSource, QueryError};
 pub struct FlightHeads {
     ingesters: Arc<dyn Ingesters>,
     replication_factor: usize,
-    timeout: Duration,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Channels,
 }
 
 impl FlightHeads {
@@ -47,22 +43,8 @@ impl FlightHeads {
         FlightHeads {
             ingesters,
             replication_factor: replication_factor.max(1),
-            timeout,
-            channels: Mutex::new(HashMap::new()),
+            channels: Channels::new(timeout),
         }
-    }
-
-    fn channel(&self, addr: &str) -> Result<Channel, String> {
-        if let Some(c) = self.channels.lock().get(addr) {
-            return Ok(c.clone());
-        }
-        let ch = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("ingester address {addr}: {e}"))?
-            .connect_timeout(self.timeout)
-            .timeout(self.timeout)
-            .connect_lazy();
-        self.channels.lock().insert(addr.to_owned(), ch.clone());
-        Ok(ch)
     }
 
     /// One ticket to one ingester: the first message's app metadata and
@@ -73,7 +55,7 @@ impl FlightHeads {
         tenant: &TenantId,
         ticket: &HeadTicket,
     ) -> Result<(Bytes, Vec<RecordBatch>), String> {
-        let ch = self.channel(&to.addr)?;
+        let ch = self.channels.get(&to.addr)?;
         let mut client = FlightServiceClient::new(ch).max_decoding_message_size(512 << 20);
         let body = serde_json::to_vec(ticket).map_err(|e| e.to_string())?;
         let mut req = tonic::Request::new(Ticket {

@@ -147,16 +147,7 @@ fn cluster_kill_all_ingesters_and_replay() {
     let report = load(&c, secs("FATHOM_CLUSTER_LOAD_SECS", 60) / 4)
         .join()
         .unwrap();
-    for i in &mut c.ingesters {
-        i.kill();
-    }
-    for i in &mut c.ingesters {
-        i.start().unwrap();
-    }
-    for i in &mut c.ingesters {
-        i.wait_ready(Duration::from_secs(60)).unwrap();
-    }
-    c.wait_ingesters(3, Duration::from_secs(30)).unwrap();
+    c.restart_ingesters(false).unwrap();
     check(&c, &report);
 }
 
@@ -207,14 +198,7 @@ fn cluster_compaction_keeps_answers_and_shrinks_blocks() {
     c.compactor.stop().unwrap();
     let report = load(&c, Duration::from_secs(10)).join().unwrap();
     // Flush every head (SIGTERM), restart empty: blocks alone.
-    for i in &mut c.ingesters {
-        i.stop().unwrap();
-    }
-    for i in &mut c.ingesters {
-        i.start().unwrap();
-        i.wait_ready(Duration::from_secs(60)).unwrap();
-    }
-    c.wait_ingesters(3, Duration::from_secs(30)).unwrap();
+    c.restart_ingesters(true).unwrap();
     check(&c, &report);
     let before: Vec<_> = c.blocks("tenant-0").unwrap();
     let bytes = |b: &[fathom_block::BlockMeta]| b.iter().map(|m| m.stats.bytes).sum::<u64>();
@@ -319,14 +303,7 @@ fn cluster_object_store_outage() {
     check(&c, &report);
     // Flush everything into the bucket now that it is back, and read it
     // from blocks alone.
-    for i in &mut c.ingesters {
-        i.stop().unwrap();
-    }
-    for i in &mut c.ingesters {
-        i.start().unwrap();
-        i.wait_ready(Duration::from_secs(60)).unwrap();
-    }
-    c.wait_ingesters(3, Duration::from_secs(30)).unwrap();
+    c.restart_ingesters(true).unwrap();
     assert!(
         !c.blocks("tenant-0").unwrap().is_empty(),
         "blocks reached S3"
