@@ -246,6 +246,9 @@ fn flush(
 ) {
     let t0 = Instant::now();
     let profiles = c.take_profiles();
+    // Symbolizing and encoding an interval allocate and free a few MB;
+    // hand the freed pages back rather than keep them as the new floor.
+    crate::mem::release_free_memory();
     m.collect_seconds.observe(t0.elapsed().as_secs_f64());
     tracing::debug!(profiles = profiles.len(), took = ?t0.elapsed(), "interval collected");
     queue.push_profiles(profiles);
