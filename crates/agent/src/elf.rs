@@ -17,7 +17,9 @@
 //! one with the highest address at or below the address wins (the largest
 //! at equal addresses) when it contains the address; a symbol without a size
 //! in `.symtab` extends to the next symbol, one in `.dynsym` names its
-//! address only.
+//! address only. Unlike blazesym, symbols of sections that hold no code are
+//! left out: a code address is never in them, and a Rust debug build has
+//! one `GCC_except_table` label per function.
 
 use std::fs::File;
 use std::io;
@@ -33,6 +35,9 @@ const STT_OBJECT: u8 = 1;
 const STT_FUNC: u8 = 2;
 const STT_GNU_IFUNC: u8 = 10;
 const SHN_UNDEF: u16 = 0;
+/// Section indexes from here on are special (`SHN_ABS`, `SHN_COMMON`…).
+const SHN_LORESERVE: u16 = 0xff00;
+const SHF_EXECINSTR: u64 = 0x4;
 const NT_GNU_BUILD_ID: u32 = 3;
 /// `e_phnum` escape value: the count is in section header 0.
 const PN_XNUM: u16 = 0xffff;
@@ -52,9 +57,11 @@ const OPEN: u32 = u32::MAX;
 /// address whose closest symbol it is stays unnamed (as in blazesym).
 const NO_NAME: u32 = u32::MAX;
 
+/// 12 bytes: a big debug build has over half a million code symbols.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Sym {
-    addr: u64,
+    /// Address relative to the lowest loaded address of the file.
+    addr: u32,
     /// Size, clamped; `OPEN`: up to the next symbol; 0: the address only.
     size: u32,
     /// Offset of the name in the table's string section.
@@ -62,15 +69,17 @@ struct Sym {
 }
 
 impl Sym {
-    fn contains(&self, addr: u64) -> bool {
+    fn contains(&self, addr: u32) -> bool {
         let d = addr - self.addr;
-        self.size == OPEN || d < u64::from(self.size.max(1))
+        self.size == OPEN || d < self.size.max(1)
     }
 }
 
 /// One symbol table: symbols sorted by address, one per address.
 #[derive(Debug, Default)]
 struct Table {
+    /// What symbol addresses are relative to.
+    base: u64,
     syms: Box<[Sym]>,
     /// File offset and size of the string section.
     strtab: (u64, u64),
@@ -78,6 +87,7 @@ struct Table {
 
 impl Table {
     fn find(&self, addr: u64) -> Option<Sym> {
+        let addr = u32::try_from(addr.checked_sub(self.base)?).ok()?;
         let i = self
             .syms
             .partition_point(|s| s.addr <= addr)
@@ -130,6 +140,8 @@ struct Header {
 #[derive(Clone, Copy, Debug)]
 struct Section {
     kind: u32,
+    /// `SHF_EXECINSTR`: code.
+    exec: bool,
     offset: u64,
     size: u64,
     link: u32,
@@ -256,6 +268,7 @@ fn sections(f: &File, h: &Header) -> Result<Vec<Section>, ElfError> {
             if h.is64 {
                 Section {
                     kind: u32_at(s, 4),
+                    exec: u64_at(s, 8) & SHF_EXECINSTR != 0,
                     offset: u64_at(s, 24),
                     size: u64_at(s, 32),
                     link: u32_at(s, 40),
@@ -264,6 +277,7 @@ fn sections(f: &File, h: &Header) -> Result<Vec<Section>, ElfError> {
             } else {
                 Section {
                     kind: u32_at(s, 4),
+                    exec: u64::from(u32_at(s, 8)) & SHF_EXECINSTR != 0,
                     offset: u64::from(u32_at(s, 16)),
                     size: u64::from(u32_at(s, 20)),
                     link: u32_at(s, 24),
@@ -308,6 +322,7 @@ fn raw_symbols(
     sec: &Section,
     is64: bool,
     sized_only: bool,
+    base: u64,
 ) -> Result<(Vec<Sym>, (u64, u64)), ElfError> {
     let Some(strtab) = secs.get(sec.link as usize) else {
         return Err(ElfError::Malformed("symbol table without string table"));
@@ -354,25 +369,32 @@ fn raw_symbols(
             let name = match shndx {
                 SHN_UNDEF if value == 0 => continue,
                 SHN_UNDEF => NO_NAME,
+                // Symbols of data sections never name a code address but
+                // can be most of a table (a Rust debug build has one
+                // `GCC_except_table` label per function): not kept.
+                i if i < SHN_LORESERVE && !secs.get(usize::from(i)).is_some_and(|s| s.exec) => {
+                    continue;
+                }
                 _ => name,
             };
             let size = match size {
                 0 if !sized_only => OPEN,
                 s => u32::try_from(s).unwrap_or(OPEN - 1).min(OPEN - 1),
             };
-            syms.push(Sym {
-                addr: value,
-                size,
-                name,
-            });
+            // Outside the 4 GB above the first segment: nothing of the
+            // file's code (absolute symbols, garbage).
+            let Some(addr) = value.checked_sub(base).and_then(|a| u32::try_from(a).ok()) else {
+                continue;
+            };
+            syms.push(Sym { addr, size, name });
         }
         i += n;
     }
     Ok((syms, (strtab.offset, strtab.size)))
 }
 
-/// Reads symbol table `sec` into a [`Table`], leaving out addresses that
-/// `skip` already names.
+/// Reads symbol table `sec` into a [`Table`] with addresses relative to
+/// `skip.base`, leaving out addresses that `skip` already names.
 fn read_table(
     f: &File,
     secs: &[Section],
@@ -381,15 +403,17 @@ fn read_table(
     sized_only: bool,
     skip: &Table,
 ) -> Result<Table, ElfError> {
-    let (mut syms, strtab) = raw_symbols(f, secs, sec, is64, sized_only)?;
+    let (mut syms, strtab) = raw_symbols(f, secs, sec, is64, sized_only, skip.base)?;
     // By address, the largest first at equal addresses, undefined ones
-    // last (stable: the first in the file among equals; blazesym picks any
-    // of such aliases).
-    syms.sort_by(|a, b| {
+    // last; among aliases of one size the name first in the string table
+    // (blazesym picks any of them). In place: a stable sort would need a
+    // scratch buffer as large as half the table (8 MB for a big debug build).
+    syms.sort_unstable_by(|a, b| {
         a.addr
             .cmp(&b.addr)
             .then_with(|| (a.name == NO_NAME).cmp(&(b.name == NO_NAME)))
             .then_with(|| sort_size(b.size).cmp(&sort_size(a.size)))
+            .then_with(|| a.name.cmp(&b.name))
     });
     syms.dedup_by(|later, first| {
         if later.addr != first.addr {
@@ -411,6 +435,7 @@ fn read_table(
     }
     syms.shrink_to_fit();
     Ok(Table {
+        base: skip.base,
         syms: syms.into_boxed_slice(),
         strtab,
     })
@@ -428,13 +453,21 @@ impl ElfSymbols {
         let secs = sections(&file, &h)?;
         let loads = loads(&file, &h)?;
         let find = |kind: u32| secs.iter().find(|s| s.kind == kind);
+        // Symbol addresses are stored relative to the lowest segment.
+        let empty = Table {
+            base: loads.iter().map(|l| l.vaddr).min().unwrap_or(0),
+            ..Table::default()
+        };
         let symtab = match find(SHT_SYMTAB) {
-            Some(s) => read_table(&file, &secs, s, h.is64, false, &Table::default())?,
-            None => Table::default(),
+            Some(s) => read_table(&file, &secs, s, h.is64, false, &empty)?,
+            None => empty,
         };
         let dynsym = match find(SHT_DYNSYM) {
             Some(s) => read_table(&file, &secs, s, h.is64, true, &symtab)?,
-            None => Table::default(),
+            None => Table {
+                base: symtab.base,
+                ..Table::default()
+            },
         };
         Ok(ElfSymbols {
             file,
@@ -563,10 +596,13 @@ mod tests {
             let o = ours.file_offset_to_vaddr(*off).and_then(|a| ours.find(a));
             if o != t {
                 // Aliases (same address and size) are interchangeable:
-                // blazesym picks any of them.
+                // blazesym picks any of them. And it may name a code
+                // address after a symbol of a data section, which is not
+                // kept here.
                 let same = |n: &Option<String>| n.as_ref().and_then(|n| aliases.get(n));
+                let data_symbol = o.is_none() && same(&t).is_none();
                 assert!(
-                    same(&o).is_some() && same(&o) == same(&t),
+                    data_symbol || (same(&o).is_some() && same(&o) == same(&t)),
                     "{} at file offset {off:#x}: ours {o:?}, blazesym {t:?}",
                     path.display()
                 );
@@ -576,8 +612,8 @@ mod tests {
         named
     }
 
-    /// Every code symbol's name → (address, size), for aliases.
-    fn aliases(path: &Path) -> std::collections::HashMap<String, (u64, u32)> {
+    /// Every kept symbol's name → (address, size), for aliases.
+    fn aliases(path: &Path) -> std::collections::HashMap<String, (u32, u32)> {
         let f = File::open(path).unwrap();
         let h = header(&f).unwrap();
         let secs = sections(&f, &h).unwrap();
@@ -588,10 +624,10 @@ mod tests {
             .filter(|s| matches!(s.kind, SHT_SYMTAB | SHT_DYNSYM))
         {
             let (syms, strtab) =
-                raw_symbols(&f, &secs, sec, h.is64, sec.kind == SHT_DYNSYM).unwrap();
+                raw_symbols(&f, &secs, sec, h.is64, sec.kind == SHT_DYNSYM, 0).unwrap();
             let t = Table {
-                syms: Box::new([]),
                 strtab,
+                ..Table::default()
             };
             for s in syms {
                 if let Some(n) = me.name(&t, s.name) {
@@ -728,6 +764,7 @@ mod tests {
     #[test]
     fn table_lookup_rules() {
         let t = Table {
+            base: 0x1000,
             syms: vec![
                 Sym {
                     addr: 0x100,
@@ -748,11 +785,17 @@ mod tests {
             .into_boxed_slice(),
             strtab: (0, 0),
         };
-        assert_eq!(t.find(0x10f).map(|s| s.name), Some(1));
-        assert_eq!(t.find(0x110), None, "past its size");
-        assert_eq!(t.find(0x2ff).map(|s| s.name), Some(2), "sizeless: open");
-        assert_eq!(t.find(0x300).map(|s| s.name), Some(3));
-        assert_eq!(t.find(0x301), None, "dynsym sizeless: exact only");
-        assert_eq!(t.find(0xff), None);
+        assert_eq!(t.find(0x110f).map(|s| s.name), Some(1));
+        assert_eq!(t.find(0x1110), None, "past its size");
+        assert_eq!(t.find(0x12ff).map(|s| s.name), Some(2), "sizeless: open");
+        assert_eq!(t.find(0x1300).map(|s| s.name), Some(3));
+        assert_eq!(t.find(0x1301), None, "dynsym sizeless: exact only");
+        assert_eq!(t.find(0x10ff), None);
+        assert_eq!(t.find(0xfff), None, "below the base");
+        assert_eq!(
+            t.find(0x1000 + (1 << 32) + 0x200),
+            None,
+            "4 GB past the base"
+        );
     }
 }

@@ -151,6 +151,9 @@ async fn run(
         );
     }
     let mut collector = Collector::new(cfg.collector.clone(), kallsyms, metrics.clone());
+    // Loading the program parsed the kernel's BTF (~20 MB, all freed now);
+    // do not keep those pages as the floor the agent runs on.
+    crate::mem::release_free_memory();
     let mut counters = KernelCounters { last: [0; 8] };
     let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
     let mut cpu_tick = tokio::time::interval(CPU_CHECK_EVERY);

@@ -144,6 +144,8 @@ impl ElfFile {
                 .and_then(|f| ElfSymbols::read(f).map_err(|e| crate::chain(&e)))
                 .map(|s| Parsed::Symbols(Rc::new(s)))
         };
+        // Reading a big symbol table grows the heap by its raw size first.
+        crate::mem::release_free_memory();
         let r = match r {
             Ok(r) => Some(r),
             Err(error) => {
