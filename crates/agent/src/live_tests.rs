@@ -18,10 +18,11 @@ use crate::relabel::Relabeler;
 use crate::symbolize::Symbolizer;
 
 /// The tests that count samples of a workload run one at a time: on a
-/// 2-core machine, parallel CPU-bound workloads starve each other.
+/// 2-core machine, parallel CPU-bound workloads starve each other (other
+/// CPU-heavy tests take it too).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
