@@ -5,7 +5,7 @@
 //! rustc's `librustc_driver.so` is 150 MB with a 4 MB `.symtab` and a 20 MB
 //! `.strtab`, and every page of them the agent touches counts in its RSS.
 //! Here a file is never mapped. Its symbol tables are read in chunks and
-//! reduced to 16 bytes per code symbol (address, size, offset of the name in
+//! reduced to 12 bytes per code symbol (address, size, offset of the name in
 //! the string table); a name is read from the file (page cache, not the
 //! agent's memory) only when an address first resolves to it, and cached by
 //! the caller. The open file is held with the table, so names come from the
@@ -723,7 +723,7 @@ mod tests {
             return;
         };
         let s = open(&driver);
-        // 16 bytes per symbol, names stay in the file.
+        // 12 bytes per symbol, names stay in the file.
         assert!(s.heap_bytes() < 8 << 20, "{} bytes", s.heap_bytes());
         compare_with_blazesym(&driver, &offsets(&driver, 16411));
     }

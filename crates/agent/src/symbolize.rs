@@ -12,7 +12,7 @@
 //! - Files up to `--dwarf-max-file-size` are symbolized with DWARF (inlined
 //!   functions, lines) by blazesym. Larger ones, the big shared libraries
 //!   that would dominate the agent's memory, from their ELF symbol tables
-//!   read with pread into a compact table ([`crate::elf`]): no mapping, 16
+//!   read with pread into a compact table ([`crate::elf`]): no mapping, 12
 //!   bytes per symbol, names read from the file when first needed. Names
 //!   are demangled here (Rust, C++).
 //! - Frame addresses are file offsets for ELF objects (stable across
@@ -144,7 +144,8 @@ impl ElfFile {
                 .and_then(|f| ElfSymbols::read(f).map_err(|e| crate::chain(&e)))
                 .map(|s| Parsed::Symbols(Rc::new(s)))
         };
-        // Reading a big symbol table grows the heap by its raw size first.
+        // Parsing grows the heap transiently (a big symbol table by its raw
+        // size): give those pages back.
         crate::mem::release_free_memory();
         let r = match r {
             Ok(r) => Some(r),
