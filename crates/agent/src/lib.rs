@@ -28,8 +28,10 @@
 
 mod bpf;
 mod collector;
+mod elf;
 #[cfg(test)]
 mod live_tests;
+mod mem;
 mod metrics;
 mod pprof;
 mod procfs;
@@ -209,6 +211,7 @@ pub async fn run_with_registry(
     mut registry: Registry,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    mem::limit_arenas();
     let metrics = Arc::new(metrics::Metrics::new(&mut registry));
 
     // Everything that can be wrong with the configuration fails here, before

@@ -18,10 +18,11 @@ use crate::relabel::Relabeler;
 use crate::symbolize::Symbolizer;
 
 /// The tests that count samples of a workload run one at a time: on a
-/// 2-core machine, parallel CPU-bound workloads starve each other.
+/// 2-core machine, parallel CPU-bound workloads starve each other (other
+/// CPU-heavy tests take it too).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -203,6 +204,8 @@ fn bpf_excludes_a_process_in_the_kernel() {
 
 #[test]
 fn cpu_set_can_be_refreshed() {
+    // Not while the hotplug test takes a CPU offline.
+    let _serial = serial();
     let mut p = load(19, None);
     let before = p.control.attached_cpus();
     // No hotplug happened: nothing changes, nothing fails.
@@ -211,8 +214,12 @@ fn cpu_set_can_be_refreshed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole tests across the test threads; it is
+// meant to be held for the test, awaits included.
+#[allow(clippy::await_holding_lock)]
 async fn run_pushes_cpu_profiles_to_a_push_service() {
     use crate::ship::tests::{Received, fake_server};
+    let _serial = serial();
     let received = Received::default();
     let addr = fake_server(received.clone()).await;
     let args = crate::AgentArgs {
@@ -496,5 +503,213 @@ fn node_jit_frames_come_from_the_perf_map() {
     assert!(
         js * 2 >= total,
         "hotJsFunction in {js} of {total}: {stacks:#?}"
+    );
+}
+
+/// The CPU taken offline by the hotplug test.
+const HOTPLUG_CPU: u32 = 1;
+
+fn cpu_online_path(cpu: u32) -> String {
+    format!("/sys/devices/system/cpu/cpu{cpu}/online")
+}
+
+/// Writes `0` or `1` to a CPU's `online` file; the error says why hotplug
+/// is refused (no such file: not hotpluggable; EPERM, EBUSY, EINVAL…).
+fn set_cpu_online(cpu: u32, online: bool) -> std::io::Result<()> {
+    std::fs::write(cpu_online_path(cpu), if online { "1" } else { "0" })
+}
+
+/// Takes a CPU offline for its lifetime and brings it back online when
+/// dropped, also when the test panics.
+struct OfflineCpu(u32);
+
+impl OfflineCpu {
+    fn take(cpu: u32) -> OfflineCpu {
+        let path = cpu_online_path(cpu);
+        match std::fs::read_to_string(&path) {
+            Ok(s) if s.trim() == "1" => {}
+            Ok(s) => panic!("{path} reads {s:?}: cpu {cpu} must be online before the test"),
+            Err(e) => panic!("cpu {cpu} is not hotpluggable on this machine ({path}: {e})"),
+        }
+        // The guard exists before the write, so that a write that took
+        // effect and then reported an error is still undone.
+        let guard = OfflineCpu(cpu);
+        if let Err(e) = set_cpu_online(cpu, false) {
+            panic!("the kernel refused to take cpu {cpu} offline (echo 0 > {path}): {e}");
+        }
+        guard
+    }
+}
+
+impl Drop for OfflineCpu {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            match set_cpu_online(self.0, true) {
+                Ok(()) => return,
+                Err(e) => {
+                    eprintln!("bringing cpu {} back online: {e}; retrying", self.0);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        eprintln!(
+            "CPU {} IS STILL OFFLINE: run `echo 1 > {}`",
+            self.0,
+            cpu_online_path(self.0)
+        );
+    }
+}
+
+/// Pins the calling thread to one CPU.
+#[allow(unsafe_code)] // sched_setaffinity on a cpu_set_t built here.
+fn pin_to_cpu(cpu: u32) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data, initialized by CPU_ZERO; the calls
+    // only read and write it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu as usize, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[inline(never)]
+#[allow(unsafe_code)] // sched_getcpu, which has no arguments.
+fn spin_pinned_to_hotplugged_cpu(stop: &AtomicBool) -> (u64, bool) {
+    let mut x = 1u64;
+    let mut always_there = true;
+    while !stop.load(Ordering::Relaxed) {
+        for i in 0..10_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+        // SAFETY: no arguments, no memory.
+        always_there &= unsafe { libc::sched_getcpu() } == HOTPLUG_CPU as i32;
+    }
+    (x, always_there)
+}
+
+/// The value of an unlabeled gauge in the agent's /metrics.
+async fn gauge(http: &reqwest::Client, port: u16, name: &str) -> Option<i64> {
+    let text = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Waits until the agent's attached-CPU gauge reads `want` (the sampler
+/// re-reads the online CPUs every 5 s).
+async fn wait_attached(http: &reqwest::Client, port: u16, want: i64, what: &str) {
+    let t0 = Instant::now();
+    let mut last = None;
+    while t0.elapsed() < Duration::from_secs(30) {
+        last = gauge(http, port, "fathom_agent_attached_cpus").await;
+        if last == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what}: fathom_agent_attached_cpus is {last:?} after 30 s, want {want}");
+}
+
+/// Real CPU hotplug under the running agent: a CPU that goes offline is
+/// detached, and when it comes back the agent attaches to it again and
+/// samples a process pinned to it. Takes CPU 1 offline for a few seconds
+/// (brought back by a drop guard, also on failure); fails with the kernel's
+/// reason when the machine refuses hotplug.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole tests across the test threads; it is
+// meant to be held for the test, awaits included.
+#[allow(clippy::await_holding_lock)]
+async fn cpu_hotplug_detaches_and_reattaches() {
+    use crate::ship::tests::{Received, fake_server};
+    let _serial = serial();
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cpus >= 2,
+        "the hotplug test needs cpu {HOTPLUG_CPU} and another one (online: {online:?})"
+    );
+    let received = Received::default();
+    let addr = fake_server(received.clone()).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let args = crate::AgentArgs {
+        remote: format!("http://{addr}"),
+        sampling_hz: 199,
+        push_interval: Duration::from_secs(1),
+        metrics_listen: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let agent = tokio::spawn(crate::run(args, rx));
+    let http = reqwest::Client::new();
+    let all = i64::try_from(cpus).unwrap();
+    wait_attached(&http, port, all, "at start").await;
+
+    {
+        let _offline = OfflineCpu::take(HOTPLUG_CPU);
+        wait_attached(&http, port, all - 1, "after cpu 1 went offline").await;
+        // Dropping the guard brings it back.
+    }
+    assert_eq!(
+        std::fs::read_to_string(cpu_online_path(HOTPLUG_CPU))
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    wait_attached(&http, port, all, "after cpu 1 came back").await;
+
+    // A thread that can only run on the CPU that came back: its samples can
+    // only come from the perf event attached to that CPU after it returned.
+    let pushed_before = received.requests.lock().len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let spinner = std::thread::spawn(move || {
+        pin_to_cpu(HOTPLUG_CPU).expect("pinning a thread to the cpu that came back");
+        spin_pinned_to_hotplugged_cpu(&s2)
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (_, stayed) = spinner.join().unwrap();
+    assert!(stayed, "the pinned thread ran on another cpu");
+    tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(60), agent)
+        .await
+        .expect("agent stops on shutdown")
+        .unwrap()
+        .expect("agent ran without error");
+
+    let me = std::process::id().to_string();
+    let reqs = received.requests.lock();
+    let mut pinned = 0;
+    for (profiles, _) in reqs.iter().skip(pushed_before) {
+        for r in profiles {
+            if !r.labels.iter().any(|l| l.name == "pid" && l.value == me) {
+                continue;
+            }
+            let p = decode(&r.pprof, 1 << 26).unwrap();
+            pinned += folded(&p)
+                .iter()
+                .filter(|(s, _)| s.contains("spin_pinned_to_hotplugged_cpu"))
+                .map(|(_, n)| n)
+                .sum::<i64>();
+        }
+    }
+    // 3 s at 199 Hz on a busy CPU: ~600 samples; a loaded machine gives
+    // the thread less of the CPU.
+    assert!(
+        pinned > 50,
+        "only {pinned} samples of the thread pinned to cpu {HOTPLUG_CPU} after it came back online"
     );
 }

@@ -151,6 +151,9 @@ async fn run(
         );
     }
     let mut collector = Collector::new(cfg.collector.clone(), kallsyms, metrics.clone());
+    // Loading the program parsed the kernel's BTF (~20 MB, all freed now);
+    // do not keep those pages as the floor the agent runs on.
+    crate::mem::release_free_memory();
     let mut counters = KernelCounters { last: [0; 8] };
     let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
     let mut cpu_tick = tokio::time::interval(CPU_CHECK_EVERY);
@@ -246,6 +249,9 @@ fn flush(
 ) {
     let t0 = Instant::now();
     let profiles = c.take_profiles();
+    // Symbolizing and encoding an interval allocate and free a few MB;
+    // hand the freed pages back rather than keep them as the new floor.
+    crate::mem::release_free_memory();
     m.collect_seconds.observe(t0.elapsed().as_secs_f64());
     tracing::debug!(profiles = profiles.len(), took = ?t0.elapsed(), "interval collected");
     queue.push_profiles(profiles);

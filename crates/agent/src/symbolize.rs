@@ -6,11 +6,15 @@
 //!   one parsed symbol table and one cache: cost grows with distinct code,
 //!   not with samples or processes. It is opened through the process
 //!   (`/proc/<pid>/root/<path>`, else `/proc/<pid>/map_files/…`) the first time
-//!   a process maps it and stays open (mmap'd) while used, so frames of a
-//!   process that already exited, or that lives in another mount namespace,
-//!   still symbolize.
-//! - ELF symbols and DWARF (with inlined functions) come from blazesym;
-//!   names are demangled here (Rust, C++).
+//!   a process maps it and stays open while used, so frames of a process that
+//!   already exited, or that lives in another mount namespace, still
+//!   symbolize.
+//! - Files up to `--dwarf-max-file-size` are symbolized with DWARF (inlined
+//!   functions, lines) by blazesym. Larger ones, the big shared libraries
+//!   that would dominate the agent's memory, from their ELF symbol tables
+//!   read with pread into a compact table ([`crate::elf`]): no mapping, 12
+//!   bytes per symbol, names read from the file when first needed. Names
+//!   are demangled here (Rust, C++).
 //! - Frame addresses are file offsets for ELF objects (stable across
 //!   processes and ASLR) and absolute addresses for the kernel and JITs.
 //! - Frames nobody can name keep their object and address; they become pprof
@@ -27,9 +31,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use blazesym::helper::{ElfResolver, read_elf_build_id};
+use blazesym::helper::ElfResolver;
 use blazesym::symbolize::{FindSymOpts, Symbolize, TranslateFileOffset};
 
+use crate::elf::ElfSymbols;
 use crate::symtab::SymbolTable;
 
 /// Files above this size are symbolized from their ELF symbols only: parsing
@@ -68,6 +73,21 @@ enum ElfSource {
 }
 
 impl ElfSource {
+    /// An open handle to the file: the one held, or the path opened now if
+    /// it still is the file with inode `inode`.
+    fn open(&self, inode: u64) -> std::io::Result<fs::File> {
+        match self {
+            ElfSource::Path(p) => {
+                let f = fs::File::open(p)?;
+                if f.metadata()?.ino() != inode {
+                    return Err(std::io::Error::other("replaced since it was mapped"));
+                }
+                Ok(f)
+            }
+            ElfSource::Held(f) => f.try_clone(),
+        }
+    }
+
     /// A path blazesym can open: stable for as long as the source lives.
     fn path(&self) -> PathBuf {
         match self {
@@ -89,35 +109,59 @@ impl ElfSource {
 #[derive(Debug)]
 struct ElfFile {
     source: ElfSource,
-    /// Large files are read through their ELF symbols only (no DWARF).
+    /// Inode of the mapped file, to notice a path that now names another.
+    inode: u64,
+    /// Small files are read with DWARF (blazesym); large ones through their
+    /// ELF symbols only.
     dwarf: bool,
     /// `None`: not open; `Some(None)`: unparsable.
-    resolver: RefCell<Option<Option<Rc<ElfResolver>>>>,
+    parsed: RefCell<Option<Option<Parsed>>>,
     /// Whether a frame needed the parsed file in this interval.
     used: Cell<bool>,
 }
 
+/// A parsed ELF file.
+#[derive(Clone, Debug)]
+enum Parsed {
+    Dwarf(Rc<ElfResolver>),
+    Symbols(Rc<ElfSymbols>),
+}
+
 impl ElfFile {
-    fn resolver(&self, name: &str) -> Option<Rc<ElfResolver>> {
+    fn parsed(&self, name: &str) -> Option<Parsed> {
         self.used.set(true);
-        if let Some(r) = &*self.resolver.borrow() {
+        if let Some(r) = &*self.parsed.borrow() {
             return r.clone();
         }
-        let r = match ElfResolver::open(self.source.path()) {
-            Ok(r) => Some(Rc::new(r)),
+        let r = if self.dwarf {
+            ElfResolver::open(self.source.path())
+                .map(|r| Parsed::Dwarf(Rc::new(r)))
+                .map_err(|e| e.to_string())
+        } else {
+            self.source
+                .open(self.inode)
+                .map_err(|e| e.to_string())
+                .and_then(|f| ElfSymbols::read(f).map_err(|e| crate::chain(&e)))
+                .map(|s| Parsed::Symbols(Rc::new(s)))
+        };
+        // Parsing grows the heap transiently (a big symbol table by its raw
+        // size): give those pages back.
+        crate::mem::release_free_memory();
+        let r = match r {
+            Ok(r) => Some(r),
             Err(error) => {
                 tracing::debug!(path = name, %error, "cannot parse ELF file");
                 None
             }
         };
-        *self.resolver.borrow_mut() = Some(r.clone());
+        *self.parsed.borrow_mut() = Some(r.clone());
         r
     }
 
     /// Drops the parsed file unless the interval that ends needed it.
     fn end_interval(&self) {
         if !self.used.replace(false) {
-            self.resolver.borrow_mut().take();
+            self.parsed.borrow_mut().take();
         }
     }
 }
@@ -187,14 +231,9 @@ pub(crate) struct Symbolizer {
     strings: HashMap<Rc<str>, ()>,
     /// Files above this size are symbolized from ELF symbols only.
     dwarf_max_file_size: u64,
-    /// Symbol-table-only symbolization (no DWARF) for large files.
-    elf_only: blazesym::symbolize::Symbolizer,
-    /// Paths `elf_only` holds parsed, and whether this interval used them;
-    /// unused ones are released at its end.
-    elf_only_paths: HashMap<PathBuf, bool>,
 }
 
-fn demangle(name: &str) -> String {
+pub(crate) fn demangle(name: &str) -> String {
     if let Ok(d) = rustc_demangle::try_demangle(name) {
         return format!("{d:#}");
     }
@@ -213,12 +252,6 @@ impl Symbolizer {
     pub(crate) fn new(kallsyms: SymbolTable, dwarf_max_file_size: u64) -> Self {
         let mut s = Symbolizer {
             dwarf_max_file_size,
-            elf_only: blazesym::symbolize::Symbolizer::builder()
-                .enable_code_info(false)
-                .enable_inlined_fns(false)
-                .enable_auto_reload(false)
-                .build(),
-            elf_only_paths: HashMap::new(),
             objects: HashMap::new(),
             by_file: HashMap::new(),
             by_build_id: HashMap::new(),
@@ -342,15 +375,8 @@ impl Symbolizer {
             self.by_file.insert(key, o.id);
             return o;
         };
-        let build_id = match &source {
-            ElfSource::Path(p) => read_elf_build_id(p),
-            ElfSource::Held(f) => {
-                use std::os::fd::AsRawFd;
-                read_elf_build_id(&format!("/proc/self/fd/{}", f.as_raw_fd()))
-            }
-        };
-        let build_id = match build_id {
-            Ok(Some(b)) => hex(&b),
+        let build_id = match source.open(inode).map(|f| crate::elf::build_id(&f)) {
+            Ok(Ok(Some(b))) => hex(&b),
             _ => String::new(),
         };
         if !build_id.is_empty()
@@ -366,8 +392,9 @@ impl Symbolizer {
         let size = meta.as_ref().map_or(0, |m| m.size());
         let file = ElfFile {
             source,
+            inode,
             dwarf: size <= self.dwarf_max_file_size,
-            resolver: RefCell::new(None),
+            parsed: RefCell::new(None),
             used: Cell::new(false),
         };
         let o = self.add(shown.to_owned(), build_id.clone(), Kind::Elf(Some(file)));
@@ -432,61 +459,51 @@ impl Symbolizer {
             Kind::Vdso => vec![self.line("[vdso]", "", None)],
             Kind::Truncated => vec![self.line("[unknown]", "", None)],
             Kind::Unknown | Kind::Elf(None) => Vec::new(),
-            Kind::Elf(Some(f)) if !f.dwarf => {
-                use blazesym::symbolize::source::{Elf, Source};
-                use blazesym::symbolize::{Input, Symbolized};
-                let path = f.source.path();
-                let mut elf = Elf::new(path.clone());
-                elf.debug_syms = false;
-                self.elf_only_paths.insert(path, true);
-                let name = match self
-                    .elf_only
-                    .symbolize(&Source::Elf(elf), Input::FileOffset(&[addr]))
-                {
-                    Ok(mut v) => match v.pop() {
-                        Some(Symbolized::Sym(sym)) => demangle(&sym.name),
-                        _ => return Vec::new(),
-                    },
-                    Err(_) => return Vec::new(),
-                };
-                vec![self.line(&name, "", None)]
-            }
-            Kind::Elf(Some(f)) => {
-                let Some(r) = f.resolver(&o.name) else {
-                    return Vec::new();
-                };
-                let Ok(Some(vaddr)) = r.file_offset_to_virt_offset(addr) else {
-                    return Vec::new();
-                };
-                let Ok(Ok(sym)) = r.find_sym(vaddr, &FindSymOpts::CodeInfoAndInlined) else {
-                    return Vec::new();
-                };
-                let file_of = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| {
-                    ci.map(|c| c.to_path().to_string_lossy().into_owned())
-                        .unwrap_or_default()
-                };
-                let mut raw: Vec<(String, String, Option<u32>)> = Vec::new();
-                // blazesym gives the outer function first, each with the
-                // location inside it; pprof wants the innermost first.
-                raw.push((
-                    demangle(sym.name),
-                    file_of(sym.code_info.as_deref()),
-                    sym.code_info.as_ref().and_then(|c| c.line),
-                ));
-                for f in sym.inlined.iter() {
-                    raw.push((
-                        demangle(&f.name),
-                        file_of(f.code_info.as_ref()),
-                        f.code_info.as_ref().and_then(|c| c.line),
-                    ));
+            Kind::Elf(Some(f)) => match f.parsed(&o.name) {
+                None => Vec::new(),
+                Some(Parsed::Symbols(s)) => {
+                    match s.file_offset_to_vaddr(addr).and_then(|a| s.find(a)) {
+                        Some(name) => vec![self.line(&demangle(&name), "", None)],
+                        None => Vec::new(),
+                    }
                 }
-                raw.reverse();
-                raw.iter()
-                    .filter(|(n, _, _)| !n.is_empty())
-                    .map(|(n, f, l)| self.line(n, f, *l))
-                    .collect()
-            }
+                Some(Parsed::Dwarf(r)) => self.resolve_dwarf(&r, addr),
+            },
         }
+    }
+
+    /// The inline chain at file offset `addr`, from blazesym.
+    fn resolve_dwarf(&mut self, r: &ElfResolver, addr: u64) -> Vec<Line> {
+        let Ok(Some(vaddr)) = r.file_offset_to_virt_offset(addr) else {
+            return Vec::new();
+        };
+        let Ok(Ok(sym)) = r.find_sym(vaddr, &FindSymOpts::CodeInfoAndInlined) else {
+            return Vec::new();
+        };
+        let file_of = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| {
+            ci.map(|c| c.to_path().to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let mut raw: Vec<(String, String, Option<u32>)> = Vec::new();
+        // blazesym gives the outer function first, each with the
+        // location inside it; pprof wants the innermost first.
+        raw.push((
+            demangle(sym.name),
+            file_of(sym.code_info.as_deref()),
+            sym.code_info.as_ref().and_then(|c| c.line),
+        ));
+        for f in sym.inlined.iter() {
+            raw.push((
+                demangle(&f.name),
+                file_of(f.code_info.as_ref()),
+                f.code_info.as_ref().and_then(|c| c.line),
+            ));
+        }
+        raw.reverse();
+        raw.iter()
+            .filter(|(n, _, _)| !n.is_empty())
+            .map(|(n, f, l)| self.line(n, f, *l))
+            .collect()
     }
 
     /// Advances the eviction clock (once per push interval) and drops objects
@@ -499,18 +516,6 @@ impl Symbolizer {
             if let Kind::Elf(Some(f)) = &o.kind {
                 f.end_interval();
             }
-        }
-        let mut unused = Vec::new();
-        self.elf_only_paths.retain(|path, used| {
-            if !std::mem::replace(used, false) {
-                unused.push(path.clone());
-                return false;
-            }
-            true
-        });
-        for path in unused {
-            use blazesym::symbolize::evict::{Elf, Evict};
-            let _ = self.elf_only.evict(&Evict::Elf(Elf::new(path)));
         }
         self.interval += 1;
         let now = self.interval;

@@ -32,7 +32,11 @@ pub(crate) struct Found<'a> {
 impl SymbolTable {
     fn builder(with_sizes: bool) -> Builder {
         Builder {
-            rows: Vec::new(),
+            addrs: Vec::new(),
+            sizes: Vec::new(),
+            ends: Vec::new(),
+            module: Vec::new(),
+            names: String::new(),
             with_sizes,
             modules: vec![String::new()],
         }
@@ -79,8 +83,13 @@ impl SymbolTable {
     pub(crate) fn parse_kallsyms(r: impl BufRead) -> io::Result<SymbolTable> {
         let mut b = SymbolTable::builder(false);
         let mut nonzero = false;
-        for line in r.lines() {
-            let line = line?;
+        let mut r = r;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 {
+                break;
+            }
             let mut it = line.split_ascii_whitespace();
             let (Some(addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
                 continue;
@@ -107,8 +116,14 @@ impl SymbolTable {
     /// prefix is accepted), the name may contain spaces. Bad lines are skipped.
     pub(crate) fn parse_perf_map(r: impl BufRead) -> io::Result<SymbolTable> {
         let mut b = SymbolTable::builder(true);
-        for line in r.lines() {
-            let line = line?;
+        let mut r = r;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 {
+                break;
+            }
+            let line = line.trim_end_matches(['\n', '\r']);
             let mut it = line.splitn(3, ' ');
             let (Some(start), Some(size), Some(name)) = (it.next(), it.next(), it.next()) else {
                 continue;
@@ -123,14 +138,25 @@ impl SymbolTable {
     }
 }
 
+/// Collects symbols in input order: names go straight into one arena (no
+/// string per symbol), so reading the ~120k kernel symbols peaks at a few
+/// MB over the final table rather than a heap string per line.
 struct Builder {
-    rows: Vec<(u64, u64, String, u16)>,
+    addrs: Vec<u64>,
+    sizes: Vec<u64>,
+    /// End offset of each name in `names`, in input order.
+    ends: Vec<u32>,
+    module: Vec<u16>,
+    names: String,
     with_sizes: bool,
     modules: Vec<String>,
 }
 
 impl Builder {
     fn push(&mut self, addr: u64, size: u64, name: &str, module: Option<&str>) {
+        if self.names.len() + name.len() > u32::MAX as usize {
+            return;
+        }
         let m = match module {
             None => 0,
             Some(m) => match self.modules.iter().position(|x| x == m) {
@@ -143,35 +169,46 @@ impl Builder {
         };
         // More than 65k modules does not happen; fold the excess into "none".
         let m = u16::try_from(m).unwrap_or(0);
-        self.rows.push((addr, size, name.to_owned(), m));
+        self.names.push_str(name);
+        self.addrs.push(addr);
+        self.ends.push(self.names.len() as u32);
+        self.module.push(m);
+        if self.with_sizes {
+            self.sizes.push(size);
+        }
     }
 
-    fn build(mut self) -> SymbolTable {
+    fn name(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.names[start..self.ends[i] as usize]
+    }
+
+    fn build(self) -> SymbolTable {
         // Stable sort keeps the first of several names at one address
         // (kallsyms lists _stext before _text, for example).
-        self.rows.sort_by_key(|r| r.0);
-        self.rows.dedup_by_key(|r| r.0);
+        let mut order: Vec<u32> = (0..self.addrs.len() as u32).collect();
+        order.sort_by_key(|&i| self.addrs[i as usize]);
+        order.dedup_by_key(|i| self.addrs[*i as usize]);
+        let n = order.len();
         let mut t = SymbolTable {
-            addrs: Vec::with_capacity(self.rows.len()),
-            ends: Vec::with_capacity(self.rows.len()),
-            sizes: self.with_sizes.then(|| Vec::with_capacity(self.rows.len())),
-            module: Vec::with_capacity(self.rows.len()),
-            modules: self.modules,
-            names: String::new(),
+            addrs: Vec::with_capacity(n),
+            ends: Vec::with_capacity(n),
+            sizes: self.with_sizes.then(|| Vec::with_capacity(n)),
+            module: Vec::with_capacity(n),
+            modules: Vec::new(),
+            names: String::with_capacity(order.iter().map(|&i| self.name(i as usize).len()).sum()),
         };
-        for (addr, size, name, m) in self.rows {
-            if t.names.len() + name.len() > u32::MAX as usize {
-                break;
-            }
-            t.names.push_str(&name);
-            t.addrs.push(addr);
+        for i in order {
+            let i = i as usize;
+            t.names.push_str(self.name(i));
+            t.addrs.push(self.addrs[i]);
             t.ends.push(t.names.len() as u32);
-            t.module.push(m);
+            t.module.push(self.module[i]);
             if let Some(s) = &mut t.sizes {
-                s.push(size);
+                s.push(self.sizes[i]);
             }
         }
-        t.names.shrink_to_fit();
+        t.modules = self.modules;
         t
     }
 }
