@@ -139,7 +139,7 @@ pub struct AgentArgs {
     #[arg(
         long,
         env = "FATHOM_AGENT_DWARF_MAX_FILE_SIZE",
-        default_value = "64MiB"
+        default_value = "16MiB"
     )]
     pub dwarf_max_file_size: bytesize::ByteSize,
 

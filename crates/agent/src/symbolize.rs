@@ -40,7 +40,7 @@ use crate::symtab::SymbolTable;
 /// Files above this size are symbolized from their ELF symbols only: parsing
 /// the DWARF of a huge (debug) binary costs more memory than the agent's
 /// whole budget.
-pub(crate) const DEFAULT_DWARF_MAX: u64 = 64 << 20;
+pub(crate) const DEFAULT_DWARF_MAX: u64 = 16 << 20;
 
 /// Push intervals after which unused objects and cached addresses are dropped.
 const EVICT_AFTER: u64 = 6;
