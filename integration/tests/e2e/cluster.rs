@@ -273,7 +273,14 @@ fn cluster_tenants_are_isolated() {
 /// Garage (a real S3 server) stops for 30 s under load: ingest keeps
 /// acknowledging into the WALs, block uploads retry, nothing is lost once
 /// it is back.
+///
+/// Ignored until it has run once against a real Garage: the harness's
+/// reading of `garage status` / `garage key create` output is unverified
+/// (Garage did not finish installing on the development machine). Run with
+/// `cargo test -p fathom-integration --test e2e cluster_object_store_outage
+/// -- --ignored` after `cargo install garage --locked`.
 #[test]
+#[ignore = "needs the Garage S3 server (cargo install garage --locked); harness not yet verified against it"]
 fn cluster_object_store_outage() {
     let dir = tempfile::tempdir().unwrap();
     let mut garage = fathom_integration::garage::Garage::start(&dir.path().join("garage")).unwrap();
