@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian machine with Rust: installs what the
-# tests need (apt packages, Python clients), then checks formatting
+# tests need (apt packages, Python clients, the Garage S3 server), then checks formatting
 # and lints and runs every test. Safe to run again: installs only what is
 # missing.
 set -euo pipefail
@@ -23,6 +23,12 @@ if ! python3 -c 'import pyroscope, pyarrow, adbc_driver_flightsql' 2>/dev/null; 
   # Debian's own Python refuses pip installs without this flag (PEP 668).
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
+fi
+# Garage, the S3 server of the object-storage tests (about 20 minutes to
+# build; only when missing).
+if ! command -v garage >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/garage" ]; then
+  echo "installing garage (cargo install garage --locked)"
+  cargo install -q garage --locked
 fi
 
 cargo fmt --all --check

@@ -16,7 +16,7 @@ use fathom_server::{
 };
 use prometheus_client::registry::Registry;
 
-use crate::{HeadArgs, LimitArgs, QueryArgs, StoreArgs, parse_duration};
+use crate::{CacheArgs, HeadArgs, LimitArgs, QueryArgs, StoreArgs, parse_duration};
 
 /// What every role but the metastore has.
 #[derive(Args, Clone)]
@@ -239,6 +239,8 @@ pub(crate) struct QuerierArgs {
     head_timeout: Duration,
     #[command(flatten)]
     query: QueryArgs,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 pub(crate) async fn querier(
@@ -254,12 +256,14 @@ pub(crate) async fn querier(
             replication_factor: a.replication_factor,
             query_threads: a.query.query_threads,
             head_timeout: a.head_timeout,
+            cache: a.cache.config(&a.data_dir),
         },
         Arc::new(MetastoreIngesters(client.clone())),
         Arc::new(client.clone()),
         store,
         &mut registry,
-    )?;
+    )
+    .await?;
     a.node
         .serve(&client, Role::Querier, registry, app, None, shutdown)
         .await
@@ -277,14 +281,9 @@ fn parse_tenant_retention(s: &str) -> Result<HashMap<String, Duration>, String> 
     Ok(out)
 }
 
-#[derive(Args)]
-pub(crate) struct CompactorArgs {
-    #[command(flatten)]
-    node: NodeArgs,
-    #[arg(long, env = "FATHOM_DATA_DIR", default_value = "./data")]
-    data_dir: PathBuf,
-    #[command(flatten)]
-    store: StoreArgs,
+/// How blocks are compacted, kept and deleted (compactor and `fathom all`).
+#[derive(Args, Clone)]
+pub(crate) struct CompactionArgs {
     /// Time between compaction rounds.
     #[arg(long, env = "FATHOM_COMPACTION_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     compaction_interval: Duration,
@@ -302,6 +301,32 @@ pub(crate) struct CompactorArgs {
     tenant_retention: HashMap<String, Duration>,
 }
 
+impl CompactionArgs {
+    pub(crate) fn config(&self, name: String) -> fathom_compactor::Config {
+        fathom_compactor::Config {
+            name,
+            windows: vec![self.compaction_window, Duration::from_secs(24 * 3600)],
+            retention: self.retention,
+            tenant_retention: self.tenant_retention.clone(),
+            delete_delay: self.delete_delay,
+            interval: self.compaction_interval,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct CompactorArgs {
+    #[command(flatten)]
+    node: NodeArgs,
+    #[arg(long, env = "FATHOM_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    compaction: CompactionArgs,
+}
+
 pub(crate) async fn compactor(
     a: CompactorArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -310,15 +335,7 @@ pub(crate) async fn compactor(
     let store = a.store.config().build(&a.data_dir)?;
     let mut registry = Registry::default();
     let c = fathom_compactor::Compactor::new(
-        fathom_compactor::Config {
-            name: a.node.name(Role::Compactor),
-            windows: vec![a.compaction_window, Duration::from_secs(24 * 3600)],
-            retention: a.retention,
-            tenant_retention: a.tenant_retention.clone(),
-            delete_delay: a.delete_delay,
-            interval: a.compaction_interval,
-            ..Default::default()
-        },
+        a.compaction.config(a.node.name(Role::Compactor)),
         store,
         Arc::new(MetastoreJobs(client.clone())),
         &mut registry,

@@ -1,6 +1,6 @@
-//! `fathom`: one binary for every role. `fathom all` runs the distributor,
-//! ingester and querier in one process with embedded defaults and needs no
-//! flags.
+//! `fathom`: one binary for every role. `fathom all` runs every role
+//! (distributor, ingester, querier, a one-node metastore, the compactor) in
+//! one process with embedded defaults and needs no flags.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,8 +30,9 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Distributor, ingester and querier in one process (local filesystem
-    /// object store under the data directory, replication factor 1).
+    /// Every role in one process: distributor, ingester, querier, a
+    /// one-node metastore and the compactor (local filesystem object store
+    /// under the data directory, replication factor 1).
     All(AllArgs),
     /// The eBPF profiling agent (needs root): profiles every process on
     /// this host and pushes to --remote.
@@ -199,6 +200,37 @@ struct HeadArgs {
     shutdown_flush_timeout: Duration,
 }
 
+/// The queriers' cache of block files (memory, then disk).
+#[derive(Args, Clone)]
+struct CacheArgs {
+    /// Memory for cached block files (0 disables the cache).
+    #[arg(long, env = "FATHOM_CACHE_MEMORY", default_value = "256MiB", value_parser = parse_size)]
+    cache_memory: usize,
+    /// Disk for cached block files under --cache-dir (0: memory only).
+    #[arg(long, env = "FATHOM_CACHE_DISK", default_value = "2GiB", value_parser = parse_size)]
+    cache_disk: usize,
+    /// Directory of the disk cache (default <data-dir>/cache).
+    #[arg(long, env = "FATHOM_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Larger block files are read uncached.
+    #[arg(long, env = "FATHOM_CACHE_MAX_OBJECT", default_value = "64MiB", value_parser = parse_size)]
+    cache_max_object: usize,
+}
+
+impl CacheArgs {
+    fn config(&self, data_dir: &std::path::Path) -> fathom_server::CacheConfig {
+        fathom_server::CacheConfig {
+            memory_bytes: self.cache_memory,
+            disk_bytes: self.cache_disk,
+            dir: self
+                .cache_dir
+                .clone()
+                .unwrap_or_else(|| data_dir.join("cache")),
+            max_object_bytes: self.cache_max_object as u64,
+        }
+    }
+}
+
 #[derive(Args)]
 struct AllArgs {
     /// Address for HTTP and gRPC (one port, HTTP/1.1 and h2c).
@@ -215,11 +247,17 @@ struct AllArgs {
     limits: LimitArgs,
     #[command(flatten)]
     query: QueryArgs,
+    #[command(flatten)]
+    cache: CacheArgs,
+    #[command(flatten)]
+    compaction: cluster::CompactionArgs,
 }
 
 impl AllArgs {
     fn config(self) -> AllConfig {
         AllConfig {
+            cache: self.cache.config(&self.data_dir),
+            compaction: self.compaction.config(format!("all@{}", self.listen)),
             listen: self.listen,
             store: self.store.config(),
             data_dir: self.data_dir,

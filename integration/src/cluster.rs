@@ -159,6 +159,8 @@ pub struct ClusterOptions {
     pub store_args: Vec<String>,
     pub member_timeout: Duration,
     pub compaction_interval: Duration,
+    /// Ingesters cut blocks this often.
+    pub flush_interval: Duration,
 }
 
 impl Default for ClusterOptions {
@@ -167,6 +169,7 @@ impl Default for ClusterOptions {
             store_args: Vec::new(),
             member_timeout: Duration::from_secs(6),
             compaction_interval: Duration::from_secs(3600),
+            flush_interval: Duration::from_secs(3600),
         }
     }
 }
@@ -223,11 +226,12 @@ impl Cluster {
             Proc::spawn(name, free_port(), args, log(name))
         };
         let mut ingesters = Vec::new();
+        let flush = format!("{}ms", opts.flush_interval.as_millis());
         for i in 0..3 {
             ingesters.push(role(
                 "ingester",
                 &format!("ingester-{i}"),
-                &["--flush-interval", "1h"],
+                &["--flush-interval", &flush],
             )?);
         }
         let mut distributors = Vec::new();

@@ -28,8 +28,20 @@ pub fn testdata() -> PathBuf {
     workspace().join("../shared/testdata")
 }
 
-/// The `fathom` binary built by this `cargo test` run.
+/// The `fathom` binary: `$FATHOM_BIN`, else the one of the running test or
+/// bench binary's profile, else `target/debug/fathom`.
 pub fn fathom_bin() -> PathBuf {
+    if let Some(b) = std::env::var_os("FATHOM_BIN") {
+        return PathBuf::from(b);
+    }
+    // Next to the running test or bench binary (`<target>/<profile>/deps/`):
+    // the `fathom` of the same profile.
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(profile) = exe.parent().and_then(|deps| deps.parent())
+        && profile.join("fathom").exists()
+    {
+        return profile.join("fathom");
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target"));

@@ -46,6 +46,11 @@ async fn start(dir: &Path) -> Server {
         limits: Default::default(),
         querier: Default::default(),
         query_threads: 2,
+        compaction: Default::default(),
+        cache: fathom_server::CacheConfig {
+            dir: dir.join("cache"),
+            ..Default::default()
+        },
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -72,6 +77,10 @@ async fn start(dir: &Path) -> Server {
 }
 
 impl Server {
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
@@ -87,16 +96,26 @@ fn now_s() -> i64 {
         .as_secs() as i64
 }
 
-async fn ingest_bench(dir: &Path) {
-    let files: Vec<Arc<Vec<u8>>> = pprof_files()
+/// Every protobuf pprof file of the corpus, uncompressed (what throughput
+/// counts).
+fn ingest_files() -> Vec<Arc<Vec<u8>>> {
+    pprof_files()
         .into_iter()
         .map(|(_, b)| Arc::new(uncompressed(&b)))
-        .collect();
-    let secs: u64 = std::env::var("FATHOM_BENCH_INGEST_SECS")
+        .collect()
+}
+
+fn ingest_secs() -> u64 {
+    std::env::var("FATHOM_BENCH_INGEST_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
-    let srv = start(dir).await;
+        .unwrap_or(20)
+}
+
+/// Ingest throughput: 4 concurrent clients push `files` round robin to
+/// `urls` for `secs`. Returns (MB/s of acknowledged uncompressed pprof,
+/// requests, seconds).
+async fn push_for(urls: Vec<String>, files: Vec<Arc<Vec<u8>>>, secs: u64) -> (f64, u64, f64) {
     let bytes = Arc::new(AtomicU64::new(0));
     let reqs = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -106,7 +125,7 @@ async fn ingest_bench(dir: &Path) {
         let files = files.clone();
         let bytes = bytes.clone();
         let reqs = reqs.clone();
-        let addr = srv.addr;
+        let url = urls[w % urls.len()].clone();
         tasks.push(tokio::spawn(async move {
             let http = reqwest::Client::new();
             let mut i = w;
@@ -114,7 +133,7 @@ async fn ingest_bench(dir: &Path) {
                 let body = files[i % files.len()].clone();
                 let from = (1_700_000_000 + i as i64).to_string();
                 let r = http
-                    .post(format!("http://{addr}/ingest"))
+                    .post(format!("{url}/ingest"))
                     .query(&[
                         ("name", "ingest-bench"),
                         ("format", "pprof"),
@@ -137,24 +156,68 @@ async fn ingest_bench(dir: &Path) {
     }
     let el = t0.elapsed().as_secs_f64();
     let mb = bytes.load(Ordering::Relaxed) as f64 / 1e6;
-    let cores = std::thread::available_parallelism()
+    (mb / el, reqs.load(Ordering::Relaxed), el)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism()
         .map(|n| n.get())
-        .unwrap_or(1);
+        .unwrap_or(1)
+}
+
+async fn ingest_bench(dir: &Path) {
+    let srv = start(dir).await;
+    let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_files(), ingest_secs()).await;
+    let cores = cores();
     println!(
-        "figure ingest_single_process: {:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
-        mb / el,
-        mb / el / cores as f64,
-        reqs.load(Ordering::Relaxed)
+        "figure ingest_single_process: {mbs:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {reqs} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
+        mbs / cores as f64,
     );
     srv.stop().await;
 }
 
 const DAY: i64 = 8640;
 
+/// A day of one service (`merge-bench`) at 10 s, cycling `profiles`,
+/// pushed by 4 concurrent clients round robin over `urls`.
+async fn push_day(urls: Vec<String>, profiles: Vec<Vec<u8>>, base: i64) {
+    let mut tasks = Vec::new();
+    let profiles = Arc::new(profiles);
+    for w in 0..4i64 {
+        let profiles = profiles.clone();
+        let url = urls[w as usize % urls.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut i = w;
+            while i < DAY {
+                let from = (base + i * 10).to_string();
+                let until = (base + i * 10 + 10).to_string();
+                let r = http
+                    .post(format!("{url}/ingest"))
+                    .query(&[
+                        ("name", "merge-bench"),
+                        ("format", "pprof"),
+                        ("from", from.as_str()),
+                        ("until", until.as_str()),
+                    ])
+                    .body(profiles[i as usize % profiles.len()].clone())
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+                i += 4;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 async fn merge_latency(
     http: &reqwest::Client,
     pt: &str,
-    addr: SocketAddr,
+    url: &str,
     start: i64,
     end: i64,
     runs: usize,
@@ -165,7 +228,7 @@ async fn merge_latency(
     for _ in 0..runs {
         let t = Instant::now();
         let r = http
-            .get(format!("http://{addr}/api/v1/query"))
+            .get(format!("{url}/api/v1/query"))
             .query(&[
                 ("query", format!("{pt}{{service_name=\"merge-bench\"}}")),
                 ("start", (start * 1000).to_string()),
@@ -281,44 +344,14 @@ async fn merge_bench(dir: &Path, kind: &str) {
     let srv = start(dir).await;
     let base = now_s() - DAY * 10 - 60;
     let t0 = Instant::now();
-    let mut tasks = Vec::new();
-    let profiles = Arc::new(profiles);
-    for w in 0..4i64 {
-        let profiles = profiles.clone();
-        let addr = srv.addr;
-        tasks.push(tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let mut i = w;
-            while i < DAY {
-                let from = (base + i * 10).to_string();
-                let until = (base + i * 10 + 10).to_string();
-                let r = http
-                    .post(format!("http://{addr}/ingest"))
-                    .query(&[
-                        ("name", "merge-bench"),
-                        ("format", "pprof"),
-                        ("from", from.as_str()),
-                        ("until", until.as_str()),
-                    ])
-                    .body(profiles[i as usize % profiles.len()].clone())
-                    .send()
-                    .await
-                    .unwrap();
-                assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-                i += 4;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
+    push_day(vec![srv.url()], profiles, base).await;
     println!(
         "info: ingested {DAY} profiles in {:.1} s",
         t0.elapsed().as_secs_f64()
     );
     let http = reqwest::Client::new();
     let (t_start, t_end) = (base - 1, base + DAY * 10 + 10);
-    let (mut lat, total, nodes) = merge_latency(&http, pt, srv.addr, t_start, t_end, 5).await;
+    let (mut lat, total, nodes) = merge_latency(&http, pt, &srv.url(), t_start, t_end, 5).await;
     println!(
         "figure merge_day_head[{kind}]: median {:.3} s, max {:.3} s over 5 runs ({DAY} profiles, total {total}, {nodes} flame graph nodes) [target < 1 s]",
         quantile(&mut lat, 0.5),
@@ -333,14 +366,16 @@ async fn merge_bench(dir: &Path, kind: &str) {
         quantile(&mut lat, 0.5)
     );
     srv.stop().await; // flushes the head to a block
+    // Cold: no block file cache either (the disk tier survives restarts).
+    let _ = std::fs::remove_dir_all(dir.join("cache"));
     let srv = start(dir).await; // empty WAL: blocks alone
-    let (mut cold, total2, _) = merge_latency(&http, pt, srv.addr, t_start, t_end, 1).await;
-    let (mut warm, total3, _) = merge_latency(&http, pt, srv.addr, t_start, t_end, 5).await;
+    let (mut cold, total2, _) = merge_latency(&http, pt, &srv.url(), t_start, t_end, 1).await;
+    let (mut warm, total3, _) = merge_latency(&http, pt, &srv.url(), t_start, t_end, 5).await;
     assert!(total > 0, "the merge found the profiles");
     assert_eq!(total, total2, "blocks answer like the head");
     assert_eq!(total, total3);
     println!(
-        "figure merge_day_blocks_cold[{kind}]: {:.3} s (first query after restart: block metadata and symbols not cached) [target < 1 s]",
+        "figure merge_day_blocks_cold[{kind}]: {:.3} s (first query after restart, block file cache emptied: block metadata, symbols and files not cached) [target < 1 s]",
         quantile(&mut cold, 0.5)
     );
     println!(
@@ -378,6 +413,125 @@ async fn merge_bench(dir: &Path, kind: &str) {
     );
 }
 
+/// The cluster as real processes (the `fathom` binary of this profile,
+/// started by the integration harness: 3 metastores, 2 distributors,
+/// 3 ingesters, querier, compactor on loopback, a shared filesystem
+/// bucket): RF=3 ingest next to `fathom all` as a process in the same run,
+/// a day of one JVM service merged from compacted blocks (cold, warm), and
+/// bytes per row before and after compaction.
+fn cluster_bench(rt: &tokio::runtime::Runtime) {
+    use fathom_integration::Fathom;
+    use fathom_integration::cluster::{Cluster, ClusterOptions};
+
+    let bin = fathom_integration::fathom_bin();
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build --profile bench-fast -p fathom first (FATHOM_BIN overrides)",
+        bin.display()
+    );
+    println!("info: cluster bench with {}", bin.display());
+    let files = ingest_files();
+    let secs = ingest_secs();
+    let cores = cores();
+
+    let d = tempfile::tempdir().unwrap();
+    let mut single = Fathom::start(&d.path().join("all"), &[]).unwrap();
+    let (one, reqs1, el1) = rt.block_on(push_for(vec![single.url("")], files.clone(), secs));
+    single.stop().unwrap();
+    drop(single);
+
+    let mut c = Cluster::start(
+        &d.path().join("cluster"),
+        &ClusterOptions {
+            compaction_interval: Duration::from_secs(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let urls: Vec<String> = c.distributors.iter().map(|p| p.url("")).collect();
+    let (rf3, reqs3, el3) = rt.block_on(push_for(urls.clone(), files, secs));
+    println!(
+        "figure ingest_cluster_rf3: {rf3:.1} MB/s of uncompressed pprof acknowledged ({reqs3} requests in {el3:.1} s; 2 distributors, 3 ingesters, every write on 3 WALs) next to ingest_single_process_as_process: {one:.1} MB/s ({reqs1} requests in {el1:.1} s), same binary, same clients, same {cores}-core machine: ratio {:.2}",
+        rf3 / one
+    );
+
+    // A day of one JVM service, then blocks alone.
+    let (profiles, pt) = one_service("jvm");
+    let base = now_s() - DAY * 10 - 60;
+    let t0 = Instant::now();
+    rt.block_on(push_day(urls, profiles, base));
+    println!(
+        "info: cluster ingested {DAY} profiles in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let (t_start, t_end) = (base - 1, base + DAY * 10 + 10);
+    let http = reqwest::Client::new();
+    let q = c.querier.url("");
+    let (mut head, total, _) = rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 3));
+    assert!(total > 0);
+    // Heads to level-0 blocks (one per replica), then compaction.
+    c.restart_ingesters(true).unwrap();
+    let day_blocks = |c: &Cluster| -> Vec<fathom_block::BlockMeta> {
+        c.blocks("anonymous")
+            .unwrap()
+            .into_iter()
+            .filter(|b| {
+                b.min_time_nanos <= base * 1_000_000_000 + DAY * 10_000_000_000
+                    && b.max_time_nanos >= base * 1_000_000_000
+            })
+            .collect()
+    };
+    let per_row = |blocks: &[fathom_block::BlockMeta]| -> (f64, f64, u64) {
+        let rows: u64 = blocks.iter().map(|b| b.stats.samples).sum();
+        let sb: u64 = blocks.iter().map(|b| b.stats.sample_bytes).sum();
+        let all: u64 = blocks.iter().map(|b| b.stats.bytes).sum();
+        (sb as f64 / rows as f64, all as f64 / rows as f64, all)
+    };
+    let before = day_blocks(&c);
+    let (b_row, b_all, b_bytes) = per_row(&before);
+    let t0 = Instant::now();
+    let after = loop {
+        let now = day_blocks(&c);
+        if now.len() == 1 && now[0].level >= 1 {
+            break now;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "compaction did not finish: {} blocks",
+            now.len()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let (a_row, a_all, a_bytes) = per_row(&after);
+    println!(
+        "figure cluster_bytes_per_row: before compaction {b_row:.2} bytes per samples row ({b_all:.2} with every file; {} level-0 blocks, {b_bytes} bytes), after {a_row:.2} ({a_all:.2}; 1 level-{} block, {a_bytes} bytes; compaction took {:.1} s) [target <= 2 bytes, compacted]",
+        before.len(),
+        after[0].level,
+        t0.elapsed().as_secs_f64()
+    );
+    // Cold: a fresh querier with an empty block file cache.
+    c.querier.kill();
+    let _ = std::fs::remove_dir_all(c.dir.join("querier").join("cache"));
+    c.querier.start().unwrap();
+    c.querier.wait_ready(Duration::from_secs(60)).unwrap();
+    let (mut cold, total2, _) = rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 1));
+    let (mut warm, total3, _) = rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 5));
+    assert_eq!(total, total2, "compacted blocks answer like the heads");
+    assert_eq!(total, total3);
+    println!(
+        "figure cluster_merge_day_head: median {:.3} s over 3 runs (3 ingesters' heads over Flight)",
+        quantile(&mut head, 0.5)
+    );
+    println!(
+        "figure cluster_merge_day_blocks_cold: {:.3} s (restarted querier, empty block file cache) [target < 1 s]",
+        quantile(&mut cold, 0.5)
+    );
+    println!(
+        "figure cluster_merge_day_blocks_warm: median {:.3} s over 5 runs [target < 1 s]",
+        quantile(&mut warm, 0.5)
+    );
+}
+
 fn main() {
     // `cargo bench` passes --bench; a filter argument selects one part.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -387,6 +541,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if want("cluster") {
+        cluster_bench(&rt);
+        if filter.is_some() {
+            return;
+        }
+    }
     rt.block_on(async {
         if want("ingest") {
             let d = tempfile::tempdir().unwrap();

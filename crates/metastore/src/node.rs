@@ -255,6 +255,7 @@ impl NodeInner {
 
 /// A running metastore node; see the crate documentation.
 pub struct MetastoreNode {
+    addr: String,
     inner: Arc<NodeInner>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -266,7 +267,28 @@ impl MetastoreNode {
     /// Opens the data directory, starts Raft and (when `cfg.serve`) the
     /// gRPC server on `cfg.listen`. On a first start, the lowest id of the
     /// peer list initializes the group once it has seen no existing leader.
-    pub async fn start(cfg: MetastoreConfig) -> Result<MetastoreNode, Error> {
+    pub async fn start(mut cfg: MetastoreConfig) -> Result<MetastoreNode, Error> {
+        let listener = if cfg.serve {
+            let l = tokio::net::TcpListener::bind(cfg.listen)
+                .await
+                .map_err(|source| Error::Bind {
+                    addr: cfg.listen,
+                    source,
+                })?;
+            // A lone node on an ephemeral port (`fathom all`'s in-process
+            // metastore) advertises the port it got.
+            if cfg.peers.is_empty() && cfg.listen.port() == 0 {
+                let local = l.local_addr().map_err(|source| Error::Bind {
+                    addr: cfg.listen,
+                    source,
+                })?;
+                cfg.listen = local;
+                cfg.advertise = local.to_string();
+            }
+            Some(l)
+        } else {
+            None
+        };
         let peers = cfg.peer_map()?;
         let io = |path: &std::path::Path| {
             let path = path.to_owned();
@@ -286,19 +308,6 @@ impl MetastoreNode {
             snapshot_index = ?applied.read().last_applied.map(|l| l.index),
             "opened metastore storage"
         );
-
-        let listener = if cfg.serve {
-            Some(
-                tokio::net::TcpListener::bind(cfg.listen)
-                    .await
-                    .map_err(|source| Error::Bind {
-                        addr: cfg.listen,
-                        source,
-                    })?,
-            )
-        } else {
-            None
-        };
 
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
         let raft_cfg = openraft::Config {
@@ -331,6 +340,7 @@ impl MetastoreNode {
         });
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let mut node = MetastoreNode {
+            addr: cfg.advertise.clone(),
             inner: inner.clone(),
             stop,
             tasks: Vec::new(),
@@ -382,6 +392,12 @@ impl MetastoreNode {
 
     pub fn node_id(&self) -> u64 {
         self.inner.id
+    }
+
+    /// The address this node advertises (with `serve` and port 0 for a
+    /// lone node: the port it bound).
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     /// Whether this node is the leader now (as far as it knows).

@@ -12,7 +12,8 @@
 //!        │
 //!        ▼
 //!  DataFusion (dedicated runtime): union of head batches and block
-//!  samples.parquet, filtered by series, time and duplicate profiles,
+//!  samples.parquet (read through the foyer block file cache,
+//!  [`CachedStore`]), filtered by series, time and duplicate profiles,
 //!  grouped by stack (merge) or by series and step (range)
 //!        │
 //!        ▼
@@ -24,6 +25,7 @@
 //! once whatever number of heads and blocks hold it (replicas, a head being
 //! flushed, or a block written twice after a crash).
 
+mod cache;
 mod engine;
 mod executor;
 mod flight;
@@ -41,6 +43,7 @@ use fathom_model::{Id, Symbols, TenantId};
 use object_store::ObjectStore;
 use parking_lot::Mutex;
 
+pub use cache::{CacheConfig, CacheError, CachedStore};
 pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;
 pub use flight::{FathomFlight, flight_service};

@@ -1,21 +1,27 @@
 //! Wires Fathom's roles into a process. `fathom all` runs the distributor,
-//! the ingester and the querier here, connected through the same traits
-//! they use across the network in a cluster ([`IngesterWriter`] for writes,
-//! [`HeadSource`] for recent data, [`BlockIndex`] for blocks): single-process
-//! mode is the same code, wired locally.
+//! the ingester, the querier, a one-node metastore and the compactor here,
+//! connected through the same traits they use across the network in a
+//! cluster ([`IngesterWriter`] for writes, [`HeadSource`] for recent data,
+//! [`BlockIndex`] for blocks): single-process mode is the same code, wired
+//! locally, with replication factor 1.
 //!
 //! ```text
 //!            one port (HTTP/1.1 + h2c): /ingest, /api/v1/*, gRPC Push, Arrow Flight (SQL), /metrics, /ready
 //!                 │                         │
-//!            distributor ── LocalWriter ──► ingester ── blocks ──► object store
-//!                                             ▲                      │
-//!            querier ──── LocalHead ──────────┘    MemoryIndex ◄─────┘ (listed once at start)
+//!            distributor ── LocalWriter ──► ingester ── blocks ──► object store ◄── compactor
+//!                                             ▲    │ register            ▲              │ jobs, leases
+//!            querier ──── LocalHead ──────────┘    ▼                     │              ▼
+//!               └──── blocks ──────────────► one-node metastore (Raft, own loopback port)
+//!               └──── block files through the foyer cache ───────────────┘
 //! ```
 //!
-//! Start-up: open the object store, list its blocks into the index, replay
-//! the WAL, bind, then report ready. Shutdown (SIGTERM/SIGINT): stop
-//! accepting, drain requests, flush the heads to blocks (bounded in time;
-//! what does not make it stays in the WAL).
+//! Start-up: open the object store, start the metastore (an empty one is
+//! filled from one bucket listing: data directories from before the
+//! metastore), replay the WAL, bind, then report ready. Shutdown
+//! (SIGTERM/SIGINT): stop accepting, drain requests, flush the heads to
+//! blocks (bounded in time; what does not make it stays in the WAL) and
+//! register them — the metastore listens on its own loopback port so that
+//! it outlives the public one — then stop the compactor and the metastore.
 
 mod cluster;
 mod roles;
@@ -31,11 +37,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use fathom_block::{BlockIndex, MemoryIndex};
+use fathom_block::BlockIndex;
 use fathom_distributor::{Distributor, IngesterWriter, PushServer, WriteError};
 use fathom_ingester::Ingester;
+use fathom_metastore::{MetastoreClient, MetastoreConfig, MetastoreNode};
 use fathom_model::{Id, IngestBatch, Symbols, TenantId};
-use fathom_querier::{Executor, HeadData, HeadSource, Querier, QueryError};
+use fathom_querier::{CachedStore, Executor, HeadData, HeadSource, Querier, QueryError};
 use prometheus_client::registry::Registry;
 
 pub use cluster::{MetastoreIngesters, MetastoreJobs};
@@ -53,6 +60,10 @@ pub enum Error {
     Blocks(#[from] fathom_block::Error),
     #[error("opening the ingester: {0}")]
     Ingester(#[from] fathom_ingester::Error),
+    #[error(transparent)]
+    Cache(#[from] fathom_querier::CacheError),
+    #[error("metastore: {0}")]
+    Metastore(String),
     #[error("starting the querier: {0}")]
     Querier(#[from] QueryError),
     #[error("{what}: {source}")]
@@ -74,6 +85,8 @@ pub struct AllConfig {
     pub limits: Limits,
     pub querier: fathom_querier::Config,
     pub query_threads: usize,
+    pub compaction: fathom_compactor::Config,
+    pub cache: fathom_querier::CacheConfig,
 }
 
 /// The in-process ingester as the distributor's write target.
@@ -147,17 +160,37 @@ async fn not_found(uri: axum::http::Uri) -> fathom_api::ApiError {
     fathom_api::ApiError::NotFound(format!("no route for {}", uri.path()))
 }
 
-/// Runs distributor, ingester and querier in this process until `shutdown`
-/// resolves, then flushes the heads.
+/// Runs distributor, ingester, querier, a one-node metastore and the
+/// compactor in this process until `shutdown` resolves, then flushes the
+/// heads.
 pub async fn run_all(
     cfg: AllConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let store = cfg.store.build(&cfg.data_dir)?;
-    let blocks = fathom_block::list_blocks(store.as_ref()).await?;
-    tracing::info!(blocks = blocks.len(), store = %cfg.store.describe(&cfg.data_dir), "loaded block index");
-    let index: Arc<dyn BlockIndex> = Arc::new(MemoryIndex::new(blocks));
     let mut registry = Registry::default();
+    // The metastore listens on its own loopback port so that it outlives
+    // the public one: the shutdown flush still registers its blocks.
+    let meta = MetastoreNode::start(MetastoreConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: cfg.data_dir.join("metastore"),
+        election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
+        raft_heartbeat_interval: Duration::from_millis(50),
+        ..MetastoreConfig::default()
+    })
+    .await
+    .map_err(|e| Error::Metastore(e.to_string()))?;
+    meta.register_metrics(&mut registry);
+    let client =
+        MetastoreClient::new([meta.addr()]).map_err(|e| Error::Metastore(e.to_string()))?;
+    let imported = import_blocks(&client, store.as_ref()).await?;
+    tracing::info!(
+        imported,
+        metastore = %cfg.data_dir.join("metastore").display(),
+        store = %cfg.store.describe(&cfg.data_dir),
+        "one-node metastore ready"
+    );
+    let index: Arc<dyn BlockIndex> = Arc::new(client.clone());
     let ingester = Ingester::open(
         fathom_ingester::Config {
             data_dir: cfg.data_dir.clone(),
@@ -177,7 +210,7 @@ pub async fn run_all(
         cfg.querier.clone(),
         Arc::new(LocalHead(ingester.clone())),
         index.clone(),
-        store.clone(),
+        CachedStore::wrap(store.clone(), &cfg.cache, &mut registry).await?,
         exec,
         &mut registry,
     )?;
@@ -186,6 +219,14 @@ pub async fn run_all(
         Arc::new(LocalWriter(ingester.clone())),
         &mut registry,
     );
+    let compactor = fathom_compactor::Compactor::new(
+        cfg.compaction.clone(),
+        store.clone(),
+        Arc::new(MetastoreJobs(client)),
+        &mut registry,
+    );
+    let (stop_compactor, stop_rx) = tokio::sync::watch::channel(false);
+    let compacting = tokio::spawn(compactor.run(stop_rx));
     let grpc = tonic::service::Routes::new(PushServer::new(distributor.clone()))
         .add_service(fathom_querier::flight_service(Some(querier.clone()), None))
         .into_axum_router();
@@ -193,7 +234,7 @@ pub async fn run_all(
         .merge(fathom_distributor::router(distributor))
         .merge(fathom_querier::router(querier))
         .merge(grpc);
-    serve(
+    let served = serve(
         cfg.listen,
         registry,
         app,
@@ -201,7 +242,37 @@ pub async fn run_all(
         cfg.shutdown_flush_timeout,
         shutdown,
     )
-    .await
+    .await;
+    let _ = stop_compactor.send(true);
+    let _ = compacting.await;
+    meta.shutdown().await;
+    served
+}
+
+/// Fills an empty metastore from the bucket once: a data directory from
+/// before the metastore, or a metastore directory that was lost. Afterwards
+/// the bucket is never listed.
+async fn import_blocks(
+    client: &MetastoreClient,
+    store: &dyn object_store::ObjectStore,
+) -> Result<usize, Error> {
+    let m = |e: fathom_metastore::MetastoreError| Error::Metastore(e.to_string());
+    if !client.all_blocks().await.map_err(m)?.is_empty()
+        || !client.pending_deletions().await.map_err(m)?.is_empty()
+    {
+        return Ok(0);
+    }
+    let blocks = fathom_block::list_blocks(store).await?;
+    for b in &blocks {
+        client.add_block(b.clone()).await.map_err(m)?;
+    }
+    if !blocks.is_empty() {
+        tracing::info!(
+            blocks = blocks.len(),
+            "imported the bucket's blocks into the metastore"
+        );
+    }
+    Ok(blocks.len())
 }
 
 /// One process's port: the roles' routes plus `/ready`, `/health`,
@@ -268,4 +339,4 @@ pub async fn serve(
 }
 
 pub use fathom_distributor::Limits;
-pub use fathom_querier::{Config as QuerierConfig, SqlConfig};
+pub use fathom_querier::{CacheConfig, Config as QuerierConfig, SqlConfig};

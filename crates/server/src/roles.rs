@@ -100,9 +100,11 @@ pub struct QuerierRoleConfig {
     pub query_threads: usize,
     /// Time an ingester has to answer a head read.
     pub head_timeout: Duration,
+    /// The block file cache.
+    pub cache: fathom_querier::CacheConfig,
 }
 
-pub fn querier_app(
+pub async fn querier_app(
     cfg: &QuerierRoleConfig,
     ingesters: Arc<dyn Ingesters>,
     index: Arc<dyn BlockIndex>,
@@ -114,6 +116,7 @@ pub fn querier_app(
         source,
     })?;
     let heads = FlightHeads::new(ingesters, cfg.replication_factor, cfg.head_timeout);
+    let store = fathom_querier::CachedStore::wrap(store, &cfg.cache, registry).await?;
     let q = Querier::new(
         cfg.querier.clone(),
         Arc::new(heads),

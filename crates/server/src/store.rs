@@ -3,10 +3,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
-use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
+use object_store::{ObjectStore, RetryConfig};
 
 use crate::Error;
 
@@ -83,7 +84,16 @@ impl ObjectStoreConfig {
                 let bucket = self.s3_bucket.as_deref().ok_or_else(|| {
                     Error::Store("--s3-bucket is required with --object-store s3".into())
                 })?;
+                // Fail within seconds and leave the retrying to the roles
+                // (ingester uploads back off and count failures; queries
+                // answer 503) instead of object_store's 3-minute budget.
+                let retry = RetryConfig {
+                    backoff: Default::default(),
+                    max_retries: 3,
+                    retry_timeout: Duration::from_secs(15),
+                };
                 let mut b = AmazonS3Builder::from_env()
+                    .with_retry(retry)
                     .with_bucket_name(bucket)
                     .with_region(&self.s3_region)
                     .with_allow_http(self.s3_allow_http);

@@ -148,12 +148,17 @@ impl Cluster {
                 replication_factor: 3,
                 query_threads: 2,
                 head_timeout: Duration::from_secs(60),
+                cache: fathom_server::CacheConfig {
+                    dir: dir.path().join("querier-cache"),
+                    ..Default::default()
+                },
             },
             members,
             index.clone(),
             store.clone(),
             &mut reg,
         )
+        .await
         .unwrap();
         let querier = spawn(free_addr(), reg, app, None).await;
         let mut c = Cluster {

@@ -97,3 +97,84 @@ fn flushed_blocks_open_with_pyarrow() {
     );
     assert_eq!(v["has_main"], true);
 }
+
+/// `fathom all` runs a one-node metastore and the compactor: two flushed
+/// blocks of one hour become one, answers do not change, the replaced
+/// blocks' files are deleted, and the metastore's index survives a restart.
+#[test]
+fn fathom_all_compacts_its_blocks_through_its_metastore() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = Fathom::start(
+        dir.path(),
+        &[
+            "--flush-interval",
+            "1s",
+            "--compaction-interval",
+            "1s",
+            "--delete-delay",
+            "0s",
+        ],
+    )
+    .unwrap();
+    let file = corpus()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.file.ends_with("internal/report/testdata/sample.cpu"))
+        .unwrap();
+    let body = std::fs::read(&file.path).unwrap();
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"sample\"}";
+    let total = |f: &Fathom| -> i64 {
+        f.folded(Some("pc"), cpu, "1704060000000", "1704070000000")
+            .unwrap()
+            .values()
+            .sum()
+    };
+    let wait = |f: &Fathom, what: &str, ok: &dyn Fn(&Fathom) -> bool| {
+        let t0 = std::time::Instant::now();
+        while !ok(f) {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "{what}:\n{}",
+                f.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let metric = |f: &Fathom, name: &str| f.metric(name).unwrap_or(0.0);
+    let mut single = 0;
+    for (i, from) in ["1704067200", "1704067260"].iter().enumerate() {
+        let (s, b) = f
+            .ingest(
+                Some("pc"),
+                &[("name", "sample"), ("format", "pprof"), ("from", from)],
+                body.clone(),
+            )
+            .unwrap();
+        assert_eq!(s, 200, "{b}");
+        if i == 0 {
+            single = total(&f);
+            assert!(single > 0);
+        }
+        // Each write is cut into its own block and registered.
+        wait(&f, "block flushed", &|f| {
+            metric(f, "fathom_ingester_blocks_flushed_total") >= (i + 1) as f64
+        });
+    }
+    wait(&f, "two blocks compacted into one", &|f| {
+        metric(f, "fathom_compactor_jobs_total") >= 1.0
+            && metric(f, "fathom_metastore_blocks") == 1.0
+    });
+    assert_eq!(total(&f), 2 * single, "compaction keeps the answer");
+    let metas = || {
+        std::fs::read_dir(dir.path().join("store/pc/blocks"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().join("meta.json").exists())
+            .count()
+    };
+    wait(&f, "replaced blocks deleted", &|_| metas() == 1);
+    f.restart().unwrap();
+    wait(&f, "the index is on disk", &|f| {
+        metric(f, "fathom_metastore_blocks") == 1.0
+    });
+    assert_eq!(total(&f), 2 * single, "the same answer after a restart");
+}
