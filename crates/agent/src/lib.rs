@@ -28,6 +28,7 @@
 
 mod bpf;
 mod collector;
+mod dwarf;
 mod elf;
 #[cfg(test)]
 mod live_tests;
