@@ -23,10 +23,9 @@
 //!
 //! Memory is bounded by eviction: an object no process maps any more and no
 //! frame used for `EVICT_AFTER` push intervals is dropped with its cache, and
-//! each object's address cache forgets addresses unused for as long. DWARF
-//! resolvers, whose parsed units grow with the addresses they resolve, are
-//! dropped after every push interval, and at most `MAX_OPEN_DWARF` are open
-//! at once.
+//! each object's address cache forgets addresses unused for as long. At
+//! most `MAX_OPEN_DWARF` DWARF resolvers, whose parsed units grow with the
+//! addresses they resolve, are open at once.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -110,9 +109,9 @@ impl ElfSource {
 /// An ELF file, parsed only while frames need it: discovery (on the path of
 /// a new process) only opens it and reads its build id; symbol tables, DWARF
 /// and separate debug files are loaded when a frame first needs them, and
-/// dropped after a push interval that did not need them — DWARF after every
-/// interval — (symbolized addresses stay cached), so the agent does not keep
-/// binaries parsed once their hot addresses are known.
+/// dropped after a push interval that did not need them (symbolized
+/// addresses stay cached), so the agent does not keep binaries parsed once
+/// their hot addresses are known.
 #[derive(Debug)]
 struct ElfFile {
     source: ElfSource,
@@ -179,11 +178,9 @@ impl ElfFile {
         self.parsed.borrow_mut().take();
     }
 
-    /// Drops the parsed file if it is read with DWARF (its parsed units grow
-    /// with every address resolved) or the interval that ends did not need
-    /// it.
+    /// Drops the parsed file unless the interval that ends needed it.
     fn end_interval(&self) {
-        if !self.used.replace(false) || self.dwarf {
+        if !self.used.replace(false) {
             self.parsed.borrow_mut().take();
         }
     }
@@ -534,14 +531,13 @@ impl Symbolizer {
     /// and cached addresses unused for a while. Objects still referenced
     /// elsewhere (a live process maps them) are kept.
     pub(crate) fn end_interval(&mut self) {
-        // DWARF resolvers, and parsed files this interval did not need, go;
-        // what they resolved stays in the address caches.
+        // Parsed files this interval did not need go; what they resolved
+        // stays in the address caches.
         for o in self.objects.values() {
             if let Kind::Elf(Some(f)) = &o.kind {
                 f.end_interval();
             }
         }
-        self.open_dwarf.clear();
         self.interval += 1;
         let now = self.interval;
         let stale = |used: u64| now.saturating_sub(used) > EVICT_AFTER;
@@ -555,6 +551,9 @@ impl Symbolizer {
         let objects = &self.objects;
         self.by_file.retain(|_, id| objects.contains_key(id));
         self.by_build_id.retain(|_, id| objects.contains_key(id));
+        self.open_dwarf.retain(|id| {
+            matches!(objects.get(id).map(|o| &o.kind), Some(Kind::Elf(Some(f))) if f.dwarf_open())
+        });
         // Names no cached line refers to any more.
         self.strings.retain(|k, ()| Rc::strong_count(k) > 1);
     }
