@@ -540,11 +540,53 @@ fn agent_without_privileges_fails_with_the_reason() {
     );
 }
 
+/// Work for [`agent_overhead_benchmark`]: run as a child process of this
+/// test binary (FATHOM_BENCH_SPIN_SECS set), it keeps a CPU busy in varied
+/// Rust code (sorting, hashing, formatting) for that long, so the agent has
+/// to symbolize many addresses of a big debug binary. Does nothing in a
+/// normal test run.
+#[test]
+#[ignore = "helper process of agent_overhead_benchmark"]
+fn bench_spin_helper() {
+    let Some(secs) = std::env::var("FATHOM_BENCH_SPIN_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let t0 = Instant::now();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut sink = 0usize;
+    while t0.elapsed() < Duration::from_secs(secs) {
+        let mut v: Vec<u64> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            })
+            .collect();
+        v.sort_unstable();
+        let m: std::collections::HashMap<u64, String> =
+            v.iter().take(512).map(|k| (*k, format!("{k:x}"))).collect();
+        let t: BTreeMap<&String, u64> = m.iter().map(|(k, v)| (v, *k)).collect();
+        sink = sink.wrapping_add(t.len() + v.binary_search(&x).unwrap_or(0));
+    }
+    std::hint::black_box(sink);
+}
+
 /// Macro benchmark: the agent's overhead at 19 Hz with every CPU busy, and
 /// the delay from a sample to its query result. Prints a table; run with
 /// `cargo test -p fathom-integration --test e2e agent_overhead -- --ignored --nocapture`
 /// (FATHOM_BENCH_SECS, default 180, sets the duration; use a release build
 /// of the agent for representative figures).
+///
+/// Every CPU runs a C loop, and one more process is this test binary
+/// itself running [`bench_spin_helper`]: a debug build of ~28 MB (above
+/// the old 16 MiB DWARF limit), so the figures include the agent reading
+/// the DWARF of a big binary. The table also gives the agent's `RssAnon`
+/// and `RssFile` when its RSS was highest (polled every 0.5 s) and the
+/// DWARF limit used (FATHOM_AGENT_DWARF_MAX_FILE_SIZE, else the default).
 #[test]
 #[ignore = "benchmark: minutes long"]
 fn agent_overhead_benchmark() {
@@ -561,6 +603,37 @@ fn agent_overhead_benchmark() {
     let busy: Vec<Workload> = (0..cpus)
         .map(|_| Workload::spawn(Command::new(&hotc).args(["cpu", &(secs + 60).to_string()])))
         .collect();
+    let exe = std::env::current_exe().unwrap();
+    let exe_mb = std::fs::metadata(&exe).map_or(0, |m| m.len()) >> 20;
+    let big = Workload::spawn(
+        Command::new(&exe)
+            .args(["--ignored", "--exact", "bench_spin_helper"])
+            .env("FATHOM_BENCH_SPIN_SECS", (secs + 60).to_string()),
+    );
+    // (VmRSS, RssAnon, RssFile) in kB at the highest VmRSS seen.
+    let peak = std::sync::Arc::new(std::sync::Mutex::new((0u64, 0u64, 0u64)));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (peak, stop) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(s) = std::fs::read_to_string(format!("/proc/{apid}/status")) {
+                    let get = |key: &str| -> u64 {
+                        s.lines()
+                            .find(|l| l.starts_with(key))
+                            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+                            .unwrap_or(0)
+                    };
+                    let now = (get("VmRSS:"), get("RssAnon:"), get("RssFile:"));
+                    let mut p = peak.lock().unwrap();
+                    if now.0 > p.0 {
+                        *p = now;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
 
     let ticks = |pid: u32| -> u64 {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -607,6 +680,12 @@ fn agent_overhead_benchmark() {
     let max = delays.last().copied().unwrap_or(0.0);
     let samples = agent.metric("fathom_agent_samples_total");
     let lost = agent.metric("fathom_agent_samples_lost_total");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    poller.join().unwrap();
+    let (peak_rss, peak_anon, peak_file) = *peak.lock().unwrap();
+    let mb = |kb: u64| kb as f64 / 1024.0;
+    let dwarf =
+        std::env::var("FATHOM_AGENT_DWARF_MAX_FILE_SIZE").unwrap_or_else(|_| "default".into());
     println!();
     println!("agent overhead at 19 Hz, {cpus} CPUs busy, {wall:.0} s");
     println!("| what                         | measured  | target   |");
@@ -616,5 +695,13 @@ fn agent_overhead_benchmark() {
     println!("| sample -> query, median      | {median:>7.1} s | <= 15 s  |");
     println!("| sample -> query, max         | {max:>7.1} s | <= 15 s  |");
     println!("| samples received / lost      | {samples:>6} / {lost} |          |");
+    println!(
+        "| highest VmRSS polled: anon + file | {:.1} + {:.1} = {:.1} MB | |",
+        mb(peak_anon),
+        mb(peak_file),
+        mb(peak_rss)
+    );
+    println!("| DWARF limit / big binary     | {dwarf} / {exe_mb} MB |          |");
+    drop(big);
     drop(busy);
 }

@@ -38,6 +38,13 @@ const SHN_UNDEF: u16 = 0;
 /// Section indexes from here on are special (`SHN_ABS`, `SHN_COMMON`…).
 const SHN_LORESERVE: u16 = 0xff00;
 const SHF_EXECINSTR: u64 = 0x4;
+const SHF_COMPRESSED: u64 = 0x800;
+/// `ch_type` of a zlib-compressed section.
+const ELFCOMPRESS_ZLIB: u32 = 1;
+/// `e_shstrndx` escape value: the index is in section header 0.
+const SHN_XINDEX: u16 = 0xffff;
+/// Largest section read into memory whole (a compressed one, decompressed).
+const MAX_SECTION: u64 = 256 << 20;
 const NT_GNU_BUILD_ID: u32 = 3;
 /// `e_phnum` escape value: the count is in section header 0.
 const PN_XNUM: u16 = 0xffff;
@@ -135,11 +142,17 @@ struct Header {
     shoff: u64,
     shentsize: usize,
     shnum: usize,
+    /// Index of the section holding section names.
+    shstrndx: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Section {
+    /// Offset of the name in the section name table.
+    name: u32,
     kind: u32,
+    /// `SHF_COMPRESSED`: the contents start with a compression header.
+    compressed: bool,
     /// `SHF_EXECINSTR`: code.
     exec: bool,
     offset: u64,
@@ -212,6 +225,7 @@ fn header(f: &File) -> Result<Header, ElfError> {
             shoff: u64_at(&b, 40),
             shentsize: usize::from(u16_at(&b, 58)),
             shnum: usize::from(u16_at(&b, 60)),
+            shstrndx: usize::from(u16_at(&b, 62)),
         }
     } else {
         Header {
@@ -222,6 +236,7 @@ fn header(f: &File) -> Result<Header, ElfError> {
             shoff: u64::from(u32_at(&b, 32)),
             shentsize: usize::from(u16_at(&b, 46)),
             shnum: usize::from(u16_at(&b, 48)),
+            shstrndx: usize::from(u16_at(&b, 50)),
         }
     };
     let (min_sh, min_ph) = if is64 { (64, 56) } else { (40, 32) };
@@ -233,7 +248,8 @@ fn header(f: &File) -> Result<Header, ElfError> {
     }
     // Many sections or segments: the real counts are in section header 0.
     let escaped_ph = h.phnum == usize::from(PN_XNUM);
-    if h.shoff != 0 && (h.shnum == 0 || escaped_ph) {
+    let escaped_str = h.shstrndx == usize::from(SHN_XINDEX);
+    if h.shoff != 0 && (h.shnum == 0 || escaped_ph || escaped_str) {
         let s0 = read_exact_at(f, h.shoff, h.shentsize)?;
         if h.shnum == 0 {
             h.shnum = if is64 {
@@ -244,6 +260,9 @@ fn header(f: &File) -> Result<Header, ElfError> {
         }
         if escaped_ph {
             h.phnum = u32_at(&s0, if is64 { 44 } else { 28 }) as usize;
+        }
+        if escaped_str {
+            h.shstrndx = u32_at(&s0, if is64 { 40 } else { 24 }) as usize;
         }
     }
     if h.shoff == 0 {
@@ -267,7 +286,9 @@ fn sections(f: &File, h: &Header) -> Result<Vec<Section>, ElfError> {
         .map(|s| {
             if h.is64 {
                 Section {
+                    name: u32_at(s, 0),
                     kind: u32_at(s, 4),
+                    compressed: u64_at(s, 8) & SHF_COMPRESSED != 0,
                     exec: u64_at(s, 8) & SHF_EXECINSTR != 0,
                     offset: u64_at(s, 24),
                     size: u64_at(s, 32),
@@ -276,7 +297,9 @@ fn sections(f: &File, h: &Header) -> Result<Vec<Section>, ElfError> {
                 }
             } else {
                 Section {
+                    name: u32_at(s, 0),
                     kind: u32_at(s, 4),
+                    compressed: u32_at(s, 8) & (SHF_COMPRESSED as u32) != 0,
                     exec: u64::from(u32_at(s, 8)) & SHF_EXECINSTR != 0,
                     offset: u64::from(u32_at(s, 16)),
                     size: u64::from(u32_at(s, 20)),
@@ -521,6 +544,109 @@ impl ElfSymbols {
     #[cfg(test)]
     pub(crate) fn heap_bytes(&self) -> usize {
         self.len() * std::mem::size_of::<Sym>() + self.loads.len() * std::mem::size_of::<Load>()
+    }
+}
+
+/// A section of an ELF file, by name (for DWARF, read in place).
+#[derive(Clone, Debug)]
+pub(crate) struct NamedSection {
+    pub(crate) name: String,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+    /// `SHF_COMPRESSED`: [`ElfLayout::read_section`] decompresses it.
+    pub(crate) compressed: bool,
+}
+
+/// The sections and loadable segments of an ELF file, without their
+/// contents.
+#[derive(Debug)]
+pub(crate) struct ElfLayout {
+    is64: bool,
+    sections: Vec<NamedSection>,
+    loads: Box<[Load]>,
+}
+
+impl ElfLayout {
+    pub(crate) fn read(file: &File) -> Result<ElfLayout, ElfError> {
+        let h = header(file)?;
+        let secs = sections(file, &h)?;
+        let names = match secs.get(h.shstrndx) {
+            Some(s) if s.kind != SHT_NOBITS && s.size <= MAX_NOTES => {
+                read_at(file, s.offset, s.size as usize)?
+            }
+            _ => Vec::new(),
+        };
+        let sections = secs
+            .iter()
+            .filter(|s| s.kind != SHT_NOBITS)
+            .filter_map(|s| {
+                let b = names.get(s.name as usize..)?;
+                let end = b.iter().position(|&c| c == 0)?;
+                Some(NamedSection {
+                    name: String::from_utf8_lossy(&b[..end]).into_owned(),
+                    offset: s.offset,
+                    size: s.size,
+                    compressed: s.compressed,
+                })
+            })
+            .collect();
+        Ok(ElfLayout {
+            is64: h.is64,
+            sections,
+            loads: loads(file, &h)?,
+        })
+    }
+
+    /// The section named `name`, if the file has it with contents.
+    pub(crate) fn section(&self, name: &str) -> Option<&NamedSection> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+
+    /// The virtual address that file offset `offset` is loaded at (as
+    /// [`ElfSymbols::file_offset_to_vaddr`]).
+    pub(crate) fn file_offset_to_vaddr(&self, offset: u64) -> Option<u64> {
+        self.loads.iter().find_map(|l| {
+            (offset >= l.offset && offset - l.offset < l.filesz)
+                .then(|| (offset - l.offset).wrapping_add(l.vaddr))
+        })
+    }
+
+    /// The contents of section `s`, decompressed if it is compressed.
+    pub(crate) fn read_section(&self, file: &File, s: &NamedSection) -> Result<Vec<u8>, ElfError> {
+        if s.size > MAX_SECTION {
+            return Err(ElfError::Malformed("section too large"));
+        }
+        let raw = read_exact_at(file, s.offset, s.size as usize)?;
+        if !s.compressed {
+            return Ok(raw);
+        }
+        // Elf64_Chdr / Elf32_Chdr: type, (reserved,) size, alignment.
+        let (kind, size, skip) = if self.is64 {
+            if raw.len() < 24 {
+                return Err(ElfError::Malformed("compression header"));
+            }
+            (u32_at(&raw, 0), u64_at(&raw, 8), 24)
+        } else {
+            if raw.len() < 12 {
+                return Err(ElfError::Malformed("compression header"));
+            }
+            (u32_at(&raw, 0), u64::from(u32_at(&raw, 4)), 12)
+        };
+        if kind != ELFCOMPRESS_ZLIB {
+            return Err(ElfError::Malformed("unsupported section compression"));
+        }
+        if size > MAX_SECTION {
+            return Err(ElfError::Malformed("section too large"));
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        use std::io::Read;
+        flate2::read::ZlibDecoder::new(&raw[skip..])
+            .take(size)
+            .read_to_end(&mut out)?;
+        if out.len() as u64 != size {
+            return Err(ElfError::Malformed("truncated compressed section"));
+        }
+        Ok(out)
     }
 }
 

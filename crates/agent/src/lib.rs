@@ -28,6 +28,7 @@
 
 mod bpf;
 mod collector;
+mod dwarf;
 mod elf;
 #[cfg(test)]
 mod live_tests;
@@ -132,10 +133,10 @@ pub struct AgentArgs {
     #[arg(long, env = "FATHOM_AGENT_RELABEL_CONFIG")]
     pub relabel_config: Option<PathBuf>,
 
-    /// Binaries larger than this (e.g. 64MiB) are symbolized from their ELF
-    /// symbol tables only, without DWARF (no inlined frames or line numbers):
-    /// parsing the DWARF of a huge debug build costs more memory than the
-    /// agent should use. 0 turns DWARF off.
+    /// Binaries larger than this are symbolized from their ELF symbol tables
+    /// only, without DWARF (no inlined frames or line numbers): parsing the
+    /// DWARF of a huge debug build costs more memory and time than the agent
+    /// should use. 0 turns DWARF off.
     #[arg(
         long,
         env = "FATHOM_AGENT_DWARF_MAX_FILE_SIZE",

@@ -10,10 +10,11 @@
 //!   already exited, or that lives in another mount namespace, still
 //!   symbolize.
 //! - Files up to `--dwarf-max-file-size` are symbolized with DWARF (inlined
-//!   functions, lines) by blazesym. Larger ones, the big shared libraries
-//!   that would dominate the agent's memory, from their ELF symbol tables
-//!   read with pread into a compact table ([`crate::elf`]): no mapping, 12
-//!   bytes per symbol, names read from the file when first needed. Names
+//!   functions, lines), read with pread through a small chunk cache
+//!   ([`crate::dwarf`]). Larger ones, the big shared libraries that would
+//!   cost the most time to parse, from their ELF symbol tables read with
+//!   pread into a compact table ([`crate::elf`]): 12 bytes per symbol,
+//!   names read from the file when first needed. No file is mapped. Names
 //!   are demangled here (Rust, C++).
 //! - Frame addresses are file offsets for ELF objects (stable across
 //!   processes and ASLR) and absolute addresses for the kernel and JITs.
@@ -22,7 +23,9 @@
 //!
 //! Memory is bounded by eviction: an object no process maps any more and no
 //! frame used for `EVICT_AFTER` push intervals is dropped with its cache, and
-//! each object's address cache forgets addresses unused for as long.
+//! each object's address cache forgets addresses unused for as long. At
+//! most `MAX_OPEN_DWARF` DWARF resolvers, whose parsed units grow with the
+//! addresses they resolve, are open at once.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -31,19 +34,21 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use blazesym::helper::ElfResolver;
-use blazesym::symbolize::{FindSymOpts, Symbolize, TranslateFileOffset};
-
+use crate::dwarf::DwarfResolver;
 use crate::elf::ElfSymbols;
 use crate::symtab::SymbolTable;
 
-/// Files above this size are symbolized from their ELF symbols only: parsing
-/// the DWARF of a huge (debug) binary costs more memory than the agent's
-/// whole budget.
+/// Files above this size are symbolized from their ELF symbols only: the
+/// DWARF of a huge (debug) binary costs more memory and time to parse than
+/// the agent's budget allows.
 pub(crate) const DEFAULT_DWARF_MAX: u64 = 16 << 20;
 
 /// Push intervals after which unused objects and cached addresses are dropped.
 const EVICT_AFTER: u64 = 6;
+
+/// DWARF resolvers open at once; opening another drops the least recently
+/// used (its resolved addresses stay cached).
+const MAX_OPEN_DWARF: usize = 2;
 
 /// One frame of a stack, before symbolization: an object and an address in
 /// it (file offset for ELF objects, absolute otherwise).
@@ -88,7 +93,8 @@ impl ElfSource {
         }
     }
 
-    /// A path blazesym can open: stable for as long as the source lives.
+    /// A path naming the file, stable for as long as the source lives (where
+    /// its separate debug file is looked for).
     fn path(&self) -> PathBuf {
         match self {
             ElfSource::Path(p) => p.clone(),
@@ -104,15 +110,15 @@ impl ElfSource {
 /// a new process) only opens it and reads its build id; symbol tables, DWARF
 /// and separate debug files are loaded when a frame first needs them, and
 /// dropped after a push interval that did not need them (symbolized
-/// addresses stay cached), so the agent does not keep binaries mapped and
-/// parsed once their hot addresses are known.
+/// addresses stay cached), so the agent does not keep binaries parsed once
+/// their hot addresses are known.
 #[derive(Debug)]
 struct ElfFile {
     source: ElfSource,
     /// Inode of the mapped file, to notice a path that now names another.
     inode: u64,
-    /// Small files are read with DWARF (blazesym); large ones through their
-    /// ELF symbols only.
+    /// Files up to `--dwarf-max-file-size` are read with DWARF
+    /// ([`crate::dwarf`]); larger ones through their ELF symbols only.
     dwarf: bool,
     /// `None`: not open; `Some(None)`: unparsable.
     parsed: RefCell<Option<Option<Parsed>>>,
@@ -123,7 +129,7 @@ struct ElfFile {
 /// A parsed ELF file.
 #[derive(Clone, Debug)]
 enum Parsed {
-    Dwarf(Rc<ElfResolver>),
+    Dwarf(Rc<DwarfResolver>),
     Symbols(Rc<ElfSymbols>),
 }
 
@@ -134,9 +140,12 @@ impl ElfFile {
             return r.clone();
         }
         let r = if self.dwarf {
-            ElfResolver::open(self.source.path())
+            self.source
+                .open(self.inode)
+                .map_err(anyhow::Error::from)
+                .and_then(|f| DwarfResolver::open(f, &self.source.path()))
                 .map(|r| Parsed::Dwarf(Rc::new(r)))
-                .map_err(|e| e.to_string())
+                .map_err(|e| format!("{e:#}"))
         } else {
             self.source
                 .open(self.inode)
@@ -156,6 +165,17 @@ impl ElfFile {
         };
         *self.parsed.borrow_mut() = Some(r.clone());
         r
+    }
+
+    /// Whether the file is read with DWARF and was opened (or found
+    /// unparsable) since it was last dropped.
+    fn dwarf_open(&self) -> bool {
+        self.dwarf && self.parsed.borrow().is_some()
+    }
+
+    /// Drops the parsed file (resolved addresses stay cached).
+    fn close(&self) {
+        self.parsed.borrow_mut().take();
     }
 
     /// Drops the parsed file unless the interval that ends needed it.
@@ -231,6 +251,8 @@ pub(crate) struct Symbolizer {
     strings: HashMap<Rc<str>, ()>,
     /// Files above this size are symbolized from ELF symbols only.
     dwarf_max_file_size: u64,
+    /// Objects whose DWARF resolver is open, least recently used first.
+    open_dwarf: Vec<u32>,
 }
 
 pub(crate) fn demangle(name: &str) -> String {
@@ -272,6 +294,7 @@ impl Symbolizer {
             next_id: 3,
             interval: 0,
             strings: HashMap::new(),
+            open_dwarf: Vec::new(),
         };
         for o in [s.kernel.clone(), s.vdso.clone(), s.truncated.clone()] {
             s.objects.insert(o.id, o);
@@ -459,7 +482,7 @@ impl Symbolizer {
             Kind::Vdso => vec![self.line("[vdso]", "", None)],
             Kind::Truncated => vec![self.line("[unknown]", "", None)],
             Kind::Unknown | Kind::Elf(None) => Vec::new(),
-            Kind::Elf(Some(f)) => match f.parsed(&o.name) {
+            Kind::Elf(Some(f)) => match self.parsed(o, f) {
                 None => Vec::new(),
                 Some(Parsed::Symbols(s)) => {
                     match s.file_offset_to_vaddr(addr).and_then(|a| s.find(a)) {
@@ -472,37 +495,35 @@ impl Symbolizer {
         }
     }
 
-    /// The inline chain at file offset `addr`, from blazesym.
-    fn resolve_dwarf(&mut self, r: &ElfResolver, addr: u64) -> Vec<Line> {
-        let Ok(Some(vaddr)) = r.file_offset_to_virt_offset(addr) else {
-            return Vec::new();
-        };
-        let Ok(Ok(sym)) = r.find_sym(vaddr, &FindSymOpts::CodeInfoAndInlined) else {
-            return Vec::new();
-        };
-        let file_of = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| {
-            ci.map(|c| c.to_path().to_string_lossy().into_owned())
-                .unwrap_or_default()
-        };
-        let mut raw: Vec<(String, String, Option<u32>)> = Vec::new();
-        // blazesym gives the outer function first, each with the
-        // location inside it; pprof wants the innermost first.
-        raw.push((
-            demangle(sym.name),
-            file_of(sym.code_info.as_deref()),
-            sym.code_info.as_ref().and_then(|c| c.line),
-        ));
-        for f in sym.inlined.iter() {
-            raw.push((
-                demangle(&f.name),
-                file_of(f.code_info.as_ref()),
-                f.code_info.as_ref().and_then(|c| c.line),
-            ));
+    /// The parsed file `f` of object `o`. At most [`MAX_OPEN_DWARF`] DWARF
+    /// resolvers are open at once: the least recently used one is dropped
+    /// before another is opened.
+    fn parsed(&mut self, o: &Object, f: &ElfFile) -> Option<Parsed> {
+        if f.dwarf {
+            self.open_dwarf.retain(|&id| id != o.id);
+            if !f.dwarf_open() {
+                while self.open_dwarf.len() >= MAX_OPEN_DWARF {
+                    let lru = self.open_dwarf.remove(0);
+                    if let Some(Kind::Elf(Some(g))) = self.objects.get(&lru).map(|o| &o.kind) {
+                        g.close();
+                    }
+                }
+            }
+            self.open_dwarf.push(o.id);
         }
+        f.parsed(&o.name)
+    }
+
+    /// The inline chain at file offset `addr`, from DWARF.
+    fn resolve_dwarf(&mut self, r: &DwarfResolver, addr: u64) -> Vec<Line> {
+        // Outer function first, each with the location inside it; pprof
+        // wants the innermost first.
+        let mut raw = r.frames(addr);
         raw.reverse();
         raw.iter()
+            .map(|(n, f, l)| (demangle(n), f, *l))
             .filter(|(n, _, _)| !n.is_empty())
-            .map(|(n, f, l)| self.line(n, f, *l))
+            .map(|(n, f, l)| self.line(&n, f, l))
             .collect()
     }
 
@@ -530,6 +551,9 @@ impl Symbolizer {
         let objects = &self.objects;
         self.by_file.retain(|_, id| objects.contains_key(id));
         self.by_build_id.retain(|_, id| objects.contains_key(id));
+        self.open_dwarf.retain(|id| {
+            matches!(objects.get(id).map(|o| &o.kind), Some(Kind::Elf(Some(f))) if f.dwarf_open())
+        });
         // Names no cached line refers to any more.
         self.strings.retain(|k, ()| Rc::strong_count(k) > 1);
     }
@@ -695,5 +719,68 @@ mod tests {
         assert!(s.object(jid).is_none(), "unused object evicted");
         assert!(s.object(kid).is_some(), "kernel stays");
         assert_eq!(s.stats().cached_addresses, 0);
+    }
+}
+
+#[cfg(test)]
+mod probe {
+    //! Memory of symbolizing a big binary with DWARF (`/proc/self/status`
+    //! before and after), for the figures in docs/agent.md.
+
+    use super::*;
+
+    fn status() -> String {
+        let s = fs::read_to_string("/proc/self/status").unwrap();
+        s.lines()
+            .filter(|l| {
+                ["VmHWM", "VmRSS", "RssAnon", "RssFile"]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+            })
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// FATHOM_DWARF_PROBE=path:text_offset:text_size[:n]
+    #[test]
+    #[ignore]
+    fn dwarf_memory_probe() {
+        let spec = std::env::var("FATHOM_DWARF_PROBE").unwrap();
+        let parts: Vec<&str> = spec.split(':').collect();
+        let path = parts[0];
+        let off = u64::from_str_radix(parts[1], 16).unwrap();
+        let size = u64::from_str_radix(parts[2], 16).unwrap();
+        let n: u64 = parts.get(3).map_or(2000, |s| s.parse().unwrap());
+        crate::mem::release_free_memory();
+        eprintln!("start: {}", status());
+        let m = fs::metadata(path).unwrap();
+        let mut s = Symbolizer::new(SymbolTable::default(), 1 << 30);
+        let o = s.elf(std::process::id(), path, maps_dev(m.dev()), m.ino(), 0, 0);
+        let t = std::time::Instant::now();
+        let mut named = 0;
+        let mut lines = 0;
+        for i in 0..n {
+            let a = off + size / n * i + 7;
+            let l = s.lines(o.id, a);
+            if !l.is_empty() {
+                named += 1;
+            }
+            lines += l.len();
+            if i == 0 || i == n / 10 {
+                eprintln!("after {i}: {}", status());
+            }
+        }
+        eprintln!(
+            "symbolized {n} ({named} named, {lines} lines) in {:?}: {}",
+            t.elapsed(),
+            status()
+        );
+        s.end_interval();
+        crate::mem::release_free_memory();
+        eprintln!("after end_interval: {}", status());
+        s.end_interval();
+        crate::mem::release_free_memory();
+        eprintln!("after 2nd end_interval: {}", status());
     }
 }
