@@ -177,4 +177,15 @@ fn fathom_all_compacts_its_blocks_through_its_metastore() {
         metric(f, "fathom_metastore_blocks") == 1.0
     });
     assert_eq!(total(&f), 2 * single, "the same answer after a restart");
+    // A lost metastore directory (or a data directory from before the
+    // metastore): the bucket is listed once and its blocks imported.
+    f.stop().unwrap();
+    std::fs::remove_dir_all(dir.path().join("metastore")).unwrap();
+    f.start_again().unwrap();
+    assert!(
+        f.log().contains("imported the bucket's blocks into the metastore"),
+        "{}",
+        f.log()
+    );
+    assert_eq!(total(&f), 2 * single, "the same answer from imported blocks");
 }

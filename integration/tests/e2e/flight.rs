@@ -71,7 +71,7 @@ fn flight_sql_and_flight_clients_match_the_http_api() {
     let dir = tempfile::tempdir().unwrap();
     let f = Fathom::start(
         dir.path(),
-        &["--sql-memory-limit", "64MiB", "--sql-timeout", "8s"],
+        &["--sql-memory-limit", "64MiB", "--sql-timeout", "20s"],
     )
     .unwrap();
     ingest(&f, "sql-a", LARGE, "sqlsvc", BASE_S);
@@ -214,7 +214,7 @@ fn flight_sql_and_flight_clients_match_the_http_api() {
         err("memory")
     );
     assert!(
-        err("timeout").contains("timeout of 8s"),
+        err("timeout").contains("timeout of 20s"),
         "{}",
         err("timeout")
     );
