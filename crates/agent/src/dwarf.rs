@@ -311,6 +311,8 @@ pub(crate) struct DwarfResolver {
     /// every DWARF function (as blazesym falls back to them).
     symbols_file: File,
     symbols: OnceCell<Option<ElfSymbols>>,
+    /// Decompressed sections and the chunk cache, in bytes.
+    section_bytes: usize,
 }
 
 impl std::fmt::Debug for DwarfResolver {
@@ -334,12 +336,14 @@ impl DwarfResolver {
             inner: RefCell::default(),
         });
         let mut sections: HashMap<gimli::SectionId, Section> = HashMap::new();
+        let mut section_bytes = CHUNK * CACHE_CHUNKS;
         for id in SECTIONS {
             let Some(s) = dl.section(id.name()) else {
                 continue;
             };
             let sec = if s.compressed {
                 let b = dl.read_section(&dfile, s)?;
+                section_bytes += b.len();
                 Section {
                     len: b.len() as u64,
                     data: Rc::new(Data::Mem(b.into_boxed_slice())),
@@ -366,7 +370,19 @@ impl DwarfResolver {
             ctx,
             symbols_file: dfile,
             symbols: OnceCell::new(),
+            section_bytes,
         })
+    }
+
+    /// Heap bytes held, roughly: decompressed sections, the chunk cache and
+    /// the ELF symbols if loaded; not the units parsed so far.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.section_bytes
+            + self
+                .symbols
+                .get()
+                .and_then(Option::as_ref)
+                .map_or(0, ElfSymbols::heap_bytes)
     }
 
     /// The inline chain at file offset `offset`, outermost function first

@@ -23,7 +23,8 @@
 //!
 //! Memory is bounded by eviction: an object no process maps any more and no
 //! frame used for `EVICT_AFTER` push intervals is dropped with its cache, and
-//! each object's address cache forgets addresses unused for as long. At
+//! each object's address cache forgets addresses unused for
+//! `ADDR_EVICT_AFTER` intervals. At
 //! most `MAX_OPEN_DWARF` expensive DWARF resolvers, whose parsed units grow
 //! with the addresses they resolve, are open at once.
 //!
@@ -32,7 +33,8 @@
 //! per interval however stacks interleave objects, and by keeping files that
 //! are expensive to open (libc's compressed `.debug` file, the symbol table
 //! of a big debug binary) open for `KEEP_OPEN` intervals after their last
-//! use; cheap ones are closed once the interval's addresses are resolved.
+//! use, as long as all open files hold at most `KEEP_OPEN_BYTES`; cheap
+//! ones are closed once the interval's addresses are resolved.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -51,8 +53,15 @@ use crate::symtab::SymbolTable;
 /// the agent's budget allows.
 pub(crate) const DEFAULT_DWARF_MAX: u64 = 16 << 20;
 
-/// Push intervals after which unused objects and cached addresses are dropped.
+/// Push intervals after which unused objects are dropped (with their caches).
 const EVICT_AFTER: u64 = 6;
+
+/// Push intervals after which an unused cached address is dropped. Longer
+/// than for objects: an address sampled now and then would otherwise be
+/// resolved again every minute, and a file perhaps opened again for it; a
+/// cached address costs ~100 bytes (2,000–3,000 are cached under the
+/// overhead benchmark).
+const ADDR_EVICT_AFTER: u64 = 30;
 
 /// Expensive DWARF resolvers kept open at once; opening another drops the
 /// least recently used (its resolved addresses stay cached). Cheap ones
@@ -70,6 +79,11 @@ const EXPENSIVE_OPEN: Duration = Duration::from_millis(10);
 
 /// Push intervals an expensive parsed file stays open after its last use.
 const KEEP_OPEN: u64 = 6;
+
+/// Parsed files not used in the interval that ends are closed, the longest
+/// unused first, while all open ones hold more than this (estimated:
+/// symbol tables, decompressed DWARF sections; see [`ElfFile::heap_bytes`]).
+const KEEP_OPEN_BYTES: usize = 16 << 20;
 
 /// One frame of a stack, before symbolization: an object and an address in
 /// it (file offset for ELF objects, absolute otherwise).
@@ -191,6 +205,15 @@ impl ElfFile {
         };
         *self.parsed.borrow_mut() = Some(r.clone());
         r
+    }
+
+    /// Heap bytes the open file holds, roughly (0 when closed).
+    fn heap_bytes(&self) -> usize {
+        match &*self.parsed.borrow() {
+            Some(Some(Parsed::Symbols(s))) => s.heap_bytes(),
+            Some(Some(Parsed::Dwarf(r))) => r.heap_bytes(),
+            _ => 0,
+        }
     }
 
     /// Whether the file is read with DWARF and was opened (or found
@@ -622,16 +645,36 @@ impl Symbolizer {
     pub(crate) fn end_interval(&mut self) {
         // Parsed files this interval did not need go; what they resolved
         // stays in the address caches.
+        let mut open = Vec::new();
         for o in self.objects.values() {
             if let Kind::Elf(Some(f)) = &o.kind {
                 f.end_interval(self.interval);
+                let bytes = f.heap_bytes();
+                if bytes > 0 {
+                    open.push((f.used.get(), std::cmp::Reverse(bytes), o.id));
+                }
+            }
+        }
+        // Over the budget: close files the ending interval did not use, the
+        // longest unused (then the biggest) first.
+        let mut total: usize = open.iter().map(|(_, b, _)| b.0).sum();
+        open.sort_unstable();
+        for (used, bytes, id) in open {
+            if total <= KEEP_OPEN_BYTES || used >= self.interval {
+                break;
+            }
+            if let Some(Kind::Elf(Some(f))) = self.objects.get(&id).map(|o| &o.kind) {
+                f.close();
+                total -= bytes.0;
             }
         }
         self.interval += 1;
         let now = self.interval;
         let stale = |used: u64| now.saturating_sub(used) > EVICT_AFTER;
         for o in self.objects.values() {
-            o.cache.borrow_mut().retain(|_, (_, used)| !stale(*used));
+            o.cache
+                .borrow_mut()
+                .retain(|_, (_, used)| now.saturating_sub(*used) <= ADDR_EVICT_AFTER);
         }
         // The table holds the only reference to an object no process maps;
         // the fixed objects are also held by fields, so they stay.
@@ -898,7 +941,7 @@ mod tests {
         let jid = jit.id;
         assert_eq!(&*s.lines(jid, 0x1010)[0].function, "jitted_fn");
         drop(jit);
-        for _ in 0..=EVICT_AFTER + 1 {
+        for _ in 0..=ADDR_EVICT_AFTER + 1 {
             s.end_interval();
         }
         assert!(s.object(jid).is_none(), "unused object evicted");
