@@ -421,6 +421,10 @@ impl Collector {
             std::mem::take(&mut self.aggregates).into_values().collect();
         // Deterministic merge order.
         aggregates.sort_by(|a, b| a.labels.cmp(&b.labels));
+        // Every new address first, object by object: a parsed file is then
+        // opened at most once per interval.
+        self.sym
+            .resolve_all(aggregates.iter().flat_map(|a| a.stacks.keys().flatten()));
         for agg in aggregates {
             let Some(labels) = agg.labels else { continue };
             let b = groups.entry(labels).or_default();

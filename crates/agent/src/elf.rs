@@ -535,13 +535,11 @@ impl ElfSymbols {
     }
 
     /// Symbols kept.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.symtab.syms.len() + self.dynsym.syms.len()
     }
 
     /// Heap bytes held.
-    #[cfg(test)]
     pub(crate) fn heap_bytes(&self) -> usize {
         self.len() * std::mem::size_of::<Sym>() + self.loads.len() * std::mem::size_of::<Load>()
     }

@@ -23,9 +23,18 @@
 //!
 //! Memory is bounded by eviction: an object no process maps any more and no
 //! frame used for `EVICT_AFTER` push intervals is dropped with its cache, and
-//! each object's address cache forgets addresses unused for as long. At
-//! most `MAX_OPEN_DWARF` DWARF resolvers, whose parsed units grow with the
-//! addresses they resolve, are open at once.
+//! each object's address cache forgets addresses unused for
+//! `ADDR_EVICT_AFTER` intervals. At
+//! most `MAX_OPEN_DWARF` expensive DWARF resolvers, whose parsed units grow
+//! with the addresses they resolve, are open at once.
+//!
+//! CPU is bounded by resolving the new addresses of a push interval object
+//! by object ([`Symbolizer::resolve_all`]), so a file is opened at most once
+//! per interval however stacks interleave objects, and by keeping files that
+//! are expensive to open (libc's compressed `.debug` file, the symbol table
+//! of a big debug binary) open for `KEEP_OPEN` intervals after their last
+//! use, as long as all open files hold at most `KEEP_OPEN_BYTES`; cheap
+//! ones are closed once the interval's addresses are resolved.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -33,6 +42,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use crate::dwarf::DwarfResolver;
 use crate::elf::ElfSymbols;
@@ -43,12 +53,37 @@ use crate::symtab::SymbolTable;
 /// the agent's budget allows.
 pub(crate) const DEFAULT_DWARF_MAX: u64 = 16 << 20;
 
-/// Push intervals after which unused objects and cached addresses are dropped.
+/// Push intervals after which unused objects are dropped (with their caches).
 const EVICT_AFTER: u64 = 6;
 
-/// DWARF resolvers open at once; opening another drops the least recently
-/// used (its resolved addresses stay cached).
+/// Push intervals after which an unused cached address is dropped. Longer
+/// than for objects: an address sampled now and then would otherwise be
+/// resolved again every minute, and a file perhaps opened again for it; a
+/// cached address costs ~100 bytes (2,000–3,000 are cached under the
+/// overhead benchmark).
+const ADDR_EVICT_AFTER: u64 = 30;
+
+/// Expensive DWARF resolvers kept open at once; opening another drops the
+/// least recently used (its resolved addresses stay cached). Cheap ones
+/// (see [`EXPENSIVE_OPEN`]) are not counted: they are closed as soon as the
+/// addresses of an interval are resolved.
 const MAX_OPEN_DWARF: usize = 2;
+
+/// A parsed file whose opening took at least this long (libc's compressed
+/// `.debug` file: its sections are decompressed and its ~1,000 unit headers
+/// parsed, 150–350 ms; the symbol table of a 260 MB debug binary, 130–230
+/// ms) stays open for [`KEEP_OPEN`] push intervals after its last use
+/// rather than one, so that an interval with a few new addresses in it does
+/// not pay for the whole file again. Cheaper files are reopened when needed.
+const EXPENSIVE_OPEN: Duration = Duration::from_millis(10);
+
+/// Push intervals an expensive parsed file stays open after its last use.
+const KEEP_OPEN: u64 = 6;
+
+/// Parsed files not used in the interval that ends are closed, the longest
+/// unused first, while all open ones hold more than this (estimated:
+/// symbol tables, decompressed DWARF sections; see [`ElfFile::heap_bytes`]).
+const KEEP_OPEN_BYTES: usize = 16 << 20;
 
 /// One frame of a stack, before symbolization: an object and an address in
 /// it (file offset for ELF objects, absolute otherwise).
@@ -122,8 +157,10 @@ struct ElfFile {
     dwarf: bool,
     /// `None`: not open; `Some(None)`: unparsable.
     parsed: RefCell<Option<Option<Parsed>>>,
-    /// Whether a frame needed the parsed file in this interval.
-    used: Cell<bool>,
+    /// Push interval in which a frame last needed the parsed file.
+    used: Cell<u64>,
+    /// How long the last opening took (zero: never opened).
+    open_cost: Cell<Duration>,
 }
 
 /// A parsed ELF file.
@@ -134,11 +171,12 @@ enum Parsed {
 }
 
 impl ElfFile {
-    fn parsed(&self, name: &str) -> Option<Parsed> {
-        self.used.set(true);
+    fn parsed(&self, name: &str, interval: u64) -> Option<Parsed> {
+        self.used.set(interval);
         if let Some(r) = &*self.parsed.borrow() {
             return r.clone();
         }
+        let t0 = Instant::now();
         let r = if self.dwarf {
             self.source
                 .open(self.inode)
@@ -156,6 +194,8 @@ impl ElfFile {
         // Parsing grows the heap transiently (a big symbol table by its raw
         // size): give those pages back.
         crate::mem::release_free_memory();
+        self.open_cost.set(t0.elapsed());
+        tracing::debug!(path = name, dwarf = self.dwarf, took = ?self.open_cost.get(), "ELF file parsed");
         let r = match r {
             Ok(r) => Some(r),
             Err(error) => {
@@ -165,6 +205,15 @@ impl ElfFile {
         };
         *self.parsed.borrow_mut() = Some(r.clone());
         r
+    }
+
+    /// Heap bytes the open file holds, roughly (0 when closed).
+    fn heap_bytes(&self) -> usize {
+        match &*self.parsed.borrow() {
+            Some(Some(Parsed::Symbols(s))) => s.heap_bytes(),
+            Some(Some(Parsed::Dwarf(r))) => r.heap_bytes(),
+            _ => 0,
+        }
     }
 
     /// Whether the file is read with DWARF and was opened (or found
@@ -178,9 +227,22 @@ impl ElfFile {
         self.parsed.borrow_mut().take();
     }
 
-    /// Drops the parsed file unless the interval that ends needed it.
-    fn end_interval(&self) {
-        if !self.used.replace(false) {
+    /// Whether opening the file is expensive enough to keep it open for a
+    /// while (see [`EXPENSIVE_OPEN`]); false before the first opening.
+    fn expensive(&self) -> bool {
+        self.open_cost.get() >= EXPENSIVE_OPEN
+    }
+
+    /// Drops the parsed file unless the interval `interval` (which ends)
+    /// needed it, or, for an expensive one, one of the [`KEEP_OPEN`] before.
+    fn end_interval(&self, interval: u64) {
+        let idle = interval.saturating_sub(self.used.get());
+        let keep = if self.expensive() {
+            idle < KEEP_OPEN
+        } else {
+            idle == 0
+        };
+        if !keep {
             self.parsed.borrow_mut().take();
         }
     }
@@ -418,7 +480,8 @@ impl Symbolizer {
             inode,
             dwarf: size <= self.dwarf_max_file_size,
             parsed: RefCell::new(None),
-            used: Cell::new(false),
+            used: Cell::new(0),
+            open_cost: Cell::new(Duration::ZERO),
         };
         let o = self.add(shown.to_owned(), build_id.clone(), Kind::Elf(Some(file)));
         self.by_file.insert(key, o.id);
@@ -444,6 +507,49 @@ impl Symbolizer {
             .borrow_mut()
             .insert(addr, (lines.clone(), self.interval));
         lines
+    }
+
+    /// Symbolizes and caches every frame of `frames` not cached yet, one
+    /// object after the other: each parsed file is opened at most once per
+    /// call, however the frames of different objects interleave in stacks,
+    /// and its addresses are resolved in order. Call once per push interval
+    /// before [`Self::lines`] is asked for the frames.
+    pub(crate) fn resolve_all<'a>(&mut self, frames: impl IntoIterator<Item = &'a FrameKey>) {
+        let mut todo: HashMap<u32, Vec<u64>> = HashMap::new();
+        for f in frames {
+            let Some(o) = self.objects.get(&f.object) else {
+                continue;
+            };
+            if !o.cache.borrow().contains_key(&f.addr) {
+                todo.entry(f.object).or_default().push(f.addr);
+            }
+        }
+        // Files already open first, so that opening others cannot close
+        // them before their addresses are resolved.
+        let mut ids: Vec<(bool, u32)> = todo.keys().map(|&id| (!self.is_open(id), id)).collect();
+        ids.sort_unstable();
+        for (_, id) in ids {
+            let mut addrs = todo.remove(&id).unwrap_or_default();
+            addrs.sort_unstable();
+            addrs.dedup();
+            for a in addrs {
+                self.lines(id, a);
+            }
+            // A cheap DWARF file is not needed again before the next
+            // interval: close it now rather than hold its parsed units.
+            if let Some(Kind::Elf(Some(f))) = self.objects.get(&id).map(|o| &o.kind)
+                && f.dwarf
+                && !f.expensive()
+            {
+                f.close();
+                self.open_dwarf.retain(|&o| o != id);
+            }
+        }
+    }
+
+    /// Whether the parsed file of object `id` is open.
+    fn is_open(&self, id: u32) -> bool {
+        matches!(self.objects.get(&id).map(|o| &o.kind), Some(Kind::Elf(Some(f))) if f.parsed.borrow().is_some())
     }
 
     fn intern(&mut self, s: &str) -> Rc<str> {
@@ -495,13 +601,15 @@ impl Symbolizer {
         }
     }
 
-    /// The parsed file `f` of object `o`. At most [`MAX_OPEN_DWARF`] DWARF
-    /// resolvers are open at once: the least recently used one is dropped
-    /// before another is opened.
+    /// The parsed file `f` of object `o`. At most [`MAX_OPEN_DWARF`]
+    /// expensive DWARF resolvers are open at once: the least recently used
+    /// one is dropped before another that may be expensive (known to be, or
+    /// never opened) is opened. Cheap ones are opened beside them.
     fn parsed(&mut self, o: &Object, f: &ElfFile) -> Option<Parsed> {
         if f.dwarf {
             self.open_dwarf.retain(|&id| id != o.id);
-            if !f.dwarf_open() {
+            let cheap = !f.expensive() && f.open_cost.get() > Duration::ZERO;
+            if !f.dwarf_open() && !cheap {
                 while self.open_dwarf.len() >= MAX_OPEN_DWARF {
                     let lru = self.open_dwarf.remove(0);
                     if let Some(Kind::Elf(Some(g))) = self.objects.get(&lru).map(|o| &o.kind) {
@@ -509,9 +617,13 @@ impl Symbolizer {
                     }
                 }
             }
-            self.open_dwarf.push(o.id);
+            let r = f.parsed(&o.name, self.interval);
+            if f.expensive() {
+                self.open_dwarf.push(o.id);
+            }
+            return r;
         }
-        f.parsed(&o.name)
+        f.parsed(&o.name, self.interval)
     }
 
     /// The inline chain at file offset `addr`, from DWARF.
@@ -533,16 +645,36 @@ impl Symbolizer {
     pub(crate) fn end_interval(&mut self) {
         // Parsed files this interval did not need go; what they resolved
         // stays in the address caches.
+        let mut open = Vec::new();
         for o in self.objects.values() {
             if let Kind::Elf(Some(f)) = &o.kind {
-                f.end_interval();
+                f.end_interval(self.interval);
+                let bytes = f.heap_bytes();
+                if bytes > 0 {
+                    open.push((f.used.get(), std::cmp::Reverse(bytes), o.id));
+                }
+            }
+        }
+        // Over the budget: close files the ending interval did not use, the
+        // longest unused (then the biggest) first.
+        let mut total: usize = open.iter().map(|(_, b, _)| b.0).sum();
+        open.sort_unstable();
+        for (used, bytes, id) in open {
+            if total <= KEEP_OPEN_BYTES || used >= self.interval {
+                break;
+            }
+            if let Some(Kind::Elf(Some(f))) = self.objects.get(&id).map(|o| &o.kind) {
+                f.close();
+                total -= bytes.0;
             }
         }
         self.interval += 1;
         let now = self.interval;
         let stale = |used: u64| now.saturating_sub(used) > EVICT_AFTER;
         for o in self.objects.values() {
-            o.cache.borrow_mut().retain(|_, (_, used)| !stale(*used));
+            o.cache
+                .borrow_mut()
+                .retain(|_, (_, used)| now.saturating_sub(*used) <= ADDR_EVICT_AFTER);
         }
         // The table holds the only reference to an object no process maps;
         // the fixed objects are also held by fields, so they stay.
@@ -672,6 +804,102 @@ mod tests {
         assert!(s.lines(o.id, u64::MAX / 2).is_empty());
     }
 
+    /// The object of this test binary, and the file offset of `addr` in it.
+    fn own_object(s: &mut Symbolizer, addr: u64) -> (Rc<Object>, u64) {
+        let pid = std::process::id();
+        let maps = Proc::default().maps(pid).unwrap();
+        let m = find_mapping(&maps, addr).unwrap().clone();
+        let Backing::File { path, dev, inode } = &m.backing else {
+            panic!("own code not file-backed: {m:?}");
+        };
+        let o = s.elf(pid, path, *dev, *inode, m.start, m.end);
+        (o, addr - m.start + m.offset)
+    }
+
+    fn elf_file(o: &Object) -> &ElfFile {
+        match &o.kind {
+            Kind::Elf(Some(f)) => f,
+            k => panic!("not an open ELF object: {k:?}"),
+        }
+    }
+
+    #[test]
+    fn resolve_all_gives_what_lines_gives() {
+        let k =
+            SymbolTable::parse_kallsyms("ffffffff81000000 T start_kernel\n".as_bytes()).unwrap();
+        let mut batch = Symbolizer::new(k, DEFAULT_DWARF_MAX);
+        let (o, off) = own_object(&mut batch, marker_function_for_symbolizer_test());
+        let (_, off2) = own_object(&mut batch, demangles as *const () as u64);
+        let kid = batch.kernel().id;
+        let frames = [
+            FrameKey {
+                object: o.id,
+                addr: off,
+            },
+            FrameKey {
+                object: kid,
+                addr: 0xffffffff81000010,
+            },
+            FrameKey {
+                object: o.id,
+                addr: off2,
+            },
+            FrameKey {
+                object: o.id,
+                addr: off,
+            },
+            FrameKey {
+                object: 9999,
+                addr: 1,
+            },
+        ];
+        batch.resolve_all(&frames);
+        assert_eq!(batch.stats().cached_addresses, 3);
+        let mut one = Symbolizer::new(
+            SymbolTable::parse_kallsyms("ffffffff81000000 T start_kernel\n".as_bytes()).unwrap(),
+            DEFAULT_DWARF_MAX,
+        );
+        let (o1, _) = own_object(&mut one, marker_function_for_symbolizer_test());
+        for f in &frames[..4] {
+            let id = if f.object == o.id { o1.id } else { f.object };
+            assert_eq!(
+                batch.lines(f.object, f.addr),
+                one.lines(id, f.addr),
+                "{f:?}"
+            );
+        }
+        assert!(
+            batch.lines(o.id, off)[..]
+                .last()
+                .is_some_and(|l| l.function.ends_with("marker_function_for_symbolizer_test"))
+        );
+        // All cached by the batch: nothing new.
+        assert_eq!(batch.stats().cached_addresses, 3);
+    }
+
+    #[test]
+    fn expensive_files_stay_open_longer() {
+        let mut s = Symbolizer::new(SymbolTable::default(), DEFAULT_DWARF_MAX);
+        let (o, off) = own_object(&mut s, marker_function_for_symbolizer_test());
+        assert!(!s.lines(o.id, off).is_empty());
+        assert!(s.is_open(o.id));
+        // Cheap: closed after the first interval that did not need it.
+        elf_file(&o).open_cost.set(Duration::from_micros(1));
+        s.end_interval();
+        assert!(s.is_open(o.id), "used in the interval that ended");
+        s.end_interval();
+        assert!(!s.is_open(o.id));
+        // Expensive: kept for KEEP_OPEN intervals after its last use.
+        assert!(!s.lines(o.id, off + 1).is_empty());
+        elf_file(&o).open_cost.set(EXPENSIVE_OPEN);
+        for i in 0..KEEP_OPEN {
+            s.end_interval();
+            assert!(s.is_open(o.id), "closed after {} intervals", i + 1);
+        }
+        s.end_interval();
+        assert!(!s.is_open(o.id));
+    }
+
     #[test]
     fn device_numbers_match_maps() {
         // makedev(0xfe, 0) and makedev(259, 3), as glibc encodes them.
@@ -713,7 +941,7 @@ mod tests {
         let jid = jit.id;
         assert_eq!(&*s.lines(jid, 0x1010)[0].function, "jitted_fn");
         drop(jit);
-        for _ in 0..=EVICT_AFTER + 1 {
+        for _ in 0..=ADDR_EVICT_AFTER + 1 {
             s.end_interval();
         }
         assert!(s.object(jid).is_none(), "unused object evicted");
