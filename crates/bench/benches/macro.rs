@@ -440,6 +440,7 @@ fn cluster_bench(rt: &tokio::runtime::Runtime) {
     single.stop().unwrap();
     drop(single);
 
+    std::fs::create_dir_all(d.path().join("cluster")).unwrap();
     let mut c = Cluster::start(
         &d.path().join("cluster"),
         &ClusterOptions {
