@@ -183,9 +183,14 @@ fn fathom_all_compacts_its_blocks_through_its_metastore() {
     std::fs::remove_dir_all(dir.path().join("metastore")).unwrap();
     f.start_again().unwrap();
     assert!(
-        f.log().contains("imported the bucket's blocks into the metastore"),
+        f.log()
+            .contains("imported the bucket's blocks into the metastore"),
         "{}",
         f.log()
     );
-    assert_eq!(total(&f), 2 * single, "the same answer from imported blocks");
+    assert_eq!(
+        total(&f),
+        2 * single,
+        "the same answer from imported blocks"
+    );
 }
