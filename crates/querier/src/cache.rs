@@ -135,8 +135,14 @@ pub struct CachedStore {
     inner: Arc<dyn ObjectStore>,
     cache: HybridCache<String, Object>,
     max_object_bytes: u64,
+    /// Paths found too large to cache (bounded): later reads go straight
+    /// to the store instead of fetching the whole object first.
+    too_large: parking_lot::Mutex<std::collections::HashSet<String>>,
     metrics: Metrics,
 }
+
+/// At most this many too-large paths are remembered.
+const TOO_LARGE_PATHS: usize = 4096;
 
 impl fmt::Debug for CachedStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -225,6 +231,7 @@ impl CachedStore {
             inner,
             cache,
             max_object_bytes: cfg.max_object_bytes,
+            too_large: Default::default(),
             metrics,
         }))
     }
@@ -242,6 +249,9 @@ impl CachedStore {
     /// is too large to cache.
     async fn object(&self, location: &Path) -> Result<Option<Object>> {
         let key = location.to_string();
+        if self.too_large.lock().contains(&key) {
+            return Ok(None);
+        }
         match self.cache.get(&key).await {
             Ok(Some(e)) => {
                 let tier = match e.source() {
@@ -257,6 +267,11 @@ impl CachedStore {
         self.metrics.misses.inc();
         let r = self.inner.get_opts(location, GetOptions::default()).await?;
         if r.meta.size > self.max_object_bytes {
+            let mut t = self.too_large.lock();
+            if t.len() >= TOO_LARGE_PATHS {
+                t.clear();
+            }
+            t.insert(key);
             return Ok(None);
         }
         let meta = r.meta.clone();
