@@ -130,21 +130,32 @@ impl Job {
 
 /// Groups blocks into jobs: a level's blocks fall in windows of that
 /// level's size (by their first timestamp); a window with two or more
-/// blocks is a job. Blocks of the top level are left alone.
+/// blocks is a job whose output is one level higher.
+///
+/// A block that crosses its own level's window (late or early profiles
+/// in one cut, or a head that spans days) joins the first higher level
+/// whose window holds it, so it is still merged with its replicas and
+/// neighbours instead of waiting forever; one that no window holds is
+/// grouped by the largest window its first timestamp falls in, and the
+/// result is a top-level block. Blocks of the top level are left alone.
 pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
     let mut groups: BTreeMap<(String, u32, i64), Vec<BlockMeta>> = BTreeMap::new();
+    let window_of = |level: usize, min: i64| {
+        let w = (windows[level].as_nanos() as i64).max(1);
+        let start = min.div_euclid(w) * w;
+        (start, start.saturating_add(w))
+    };
     for b in blocks {
-        let Some(w) = windows.get(b.level as usize) else {
-            continue;
-        };
-        let w = (w.as_nanos() as i64).max(1);
-        let start = b.min_time_nanos.div_euclid(w) * w;
-        // A block that crosses its window's end waits for a larger level.
-        if b.max_time_nanos >= start + w {
+        let own = b.level as usize;
+        if own >= windows.len() {
             continue;
         }
+        let level = (own..windows.len())
+            .find(|&l| b.max_time_nanos < window_of(l, b.min_time_nanos).1)
+            .unwrap_or(windows.len() - 1);
+        let (start, _) = window_of(level, b.min_time_nanos);
         groups
-            .entry((b.tenant.clone(), b.level, start))
+            .entry((b.tenant.clone(), level as u32, start))
             .or_default()
             .push(b.clone());
     }
@@ -329,6 +340,8 @@ impl Compactor {
     async fn compact(&self, job: &Job) -> Result<BlockMeta, Error> {
         let (mut data, duplicates) = merge(self.store.as_ref(), &job.blocks).await?;
         data.source = self.cfg.name.clone();
+        // A block that crossed its own window joined a higher level's job.
+        data.level = data.level.max(job.level + 1);
         let (mut meta, files) =
             tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
                 .await
@@ -560,6 +573,7 @@ mod tests {
     use fathom_model::{Function, Labels, Line, Location, ProfileType, Stack};
 
     const HOUR: i64 = 3_600_000_000_000;
+    const DAY: i64 = 24 * HOUR;
     /// 2024-01-01T00:00:00Z
     const T0: i64 = 1_704_067_200_000_000_000;
 
@@ -678,17 +692,28 @@ mod tests {
             mk("b", 0, T0 + 5, T0 + HOUR - 1),
             mk("c", 0, T0 + 7, T0 + 8),
             mk("d", 0, T0 + HOUR, T0 + HOUR + 1), // next hour, alone
-            mk("e", 0, T0 + HOUR - 5, T0 + HOUR + 5), // crosses the hour
+            mk("e", 0, T0 + HOUR - 5, T0 + HOUR + 5), // crosses the hour: level 1's day
             mk("f", 1, T0, T0 + HOUR - 1),
             mk("g", 1, T0 + 2 * HOUR, T0 + 3 * HOUR - 1), // same day
             mk("h", 2, T0, T0 + 1),                       // top level
+            // Replicas of a cut spanning ten days, days after T0: no
+            // window holds them, so they merge under their first day.
+            mk("i", 0, T0 + 3 * DAY, T0 + 13 * DAY),
+            mk("j", 0, T0 + 3 * DAY, T0 + 13 * DAY),
         ];
         let jobs = plan(&blocks, &Config::default().windows);
         let got: Vec<(u32, Vec<&str>)> = jobs
             .iter()
             .map(|j| (j.level, j.blocks.iter().map(|b| b.id.as_str()).collect()))
             .collect();
-        assert_eq!(got, vec![(0, vec!["a", "b", "c"]), (1, vec!["f", "g"])]);
+        assert_eq!(
+            got,
+            vec![
+                (0, vec!["a", "b", "c"]),
+                (1, vec!["e", "f", "g"]),
+                (1, vec!["i", "j"])
+            ]
+        );
     }
 
     #[tokio::test]
