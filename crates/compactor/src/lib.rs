@@ -137,7 +137,10 @@ impl Job {
 /// whose window holds it, so it is still merged with its replicas and
 /// neighbours instead of waiting forever; one that no window holds is
 /// grouped by the largest window its first timestamp falls in, and the
-/// result is a top-level block. Blocks of the top level are left alone.
+/// result is a top-level block. Top-level blocks are grouped like the top
+/// level's inputs: one alone stays as it is, and a block that arrives
+/// late for its window (a replica registered after its siblings were
+/// merged) is merged into it.
 pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
     let mut groups: BTreeMap<(String, u32, i64), Vec<BlockMeta>> = BTreeMap::new();
     let window_of = |level: usize, min: i64| {
@@ -146,13 +149,16 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
         (start, start.saturating_add(w))
     };
     for b in blocks {
-        let own = b.level as usize;
-        if own >= windows.len() {
-            continue;
-        }
+        let Some(top) = windows.len().checked_sub(1) else {
+            break;
+        };
+        // A top-level block is grouped with the top level's inputs of its
+        // window, so a late block (a replica registered after its
+        // siblings were merged, a backfill) still folds into it.
+        let own = (b.level as usize).min(top);
         let level = (own..windows.len())
             .find(|&l| b.max_time_nanos < window_of(l, b.min_time_nanos).1)
-            .unwrap_or(windows.len() - 1);
+            .unwrap_or(top);
         let (start, _) = window_of(level, b.min_time_nanos);
         groups
             .entry((b.tenant.clone(), level as u32, start))
@@ -695,7 +701,10 @@ mod tests {
             mk("e", 0, T0 + HOUR - 5, T0 + HOUR + 5), // crosses the hour: level 1's day
             mk("f", 1, T0, T0 + HOUR - 1),
             mk("g", 1, T0 + 2 * HOUR, T0 + 3 * HOUR - 1), // same day
-            mk("h", 2, T0, T0 + 1),                       // top level
+            mk("h", 2, T0 + DAY, T0 + DAY + 1), // top level, alone in its day
+            // A top-level block and a late replica of one of its sources.
+            mk("k", 2, T0 + 5 * DAY, T0 + 5 * DAY + HOUR),
+            mk("l", 0, T0 + 5 * DAY + 10, T0 + 5 * DAY + 2 * HOUR),
             // Replicas of a cut spanning ten days, days after T0: no
             // window holds them, so they merge under their first day.
             mk("i", 0, T0 + 3 * DAY, T0 + 13 * DAY),
@@ -711,7 +720,8 @@ mod tests {
             vec![
                 (0, vec!["a", "b", "c"]),
                 (1, vec!["e", "f", "g"]),
-                (1, vec!["i", "j"])
+                (1, vec!["i", "j"]),
+                (1, vec!["k", "l"])
             ]
         );
     }
