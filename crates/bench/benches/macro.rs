@@ -134,6 +134,7 @@ async fn push_for(urls: Vec<String>, files: Vec<Arc<Vec<u8>>>, secs: u64) -> (f6
                 let from = (1_700_000_000 + i as i64).to_string();
                 let r = http
                     .post(format!("{url}/ingest"))
+                    .header("X-Scope-OrgID", tenant)
                     .query(&[
                         ("name", "ingest-bench"),
                         ("format", "pprof"),
@@ -180,7 +181,7 @@ const DAY: i64 = 8640;
 
 /// A day of one service (`merge-bench`) at 10 s, cycling `profiles`,
 /// pushed by 4 concurrent clients round robin over `urls`.
-async fn push_day(urls: Vec<String>, profiles: Vec<Vec<u8>>, base: i64) {
+async fn push_day(urls: Vec<String>, profiles: Vec<Vec<u8>>, base: i64, tenant: &'static str) {
     let mut tasks = Vec::new();
     let profiles = Arc::new(profiles);
     for w in 0..4i64 {
@@ -194,6 +195,7 @@ async fn push_day(urls: Vec<String>, profiles: Vec<Vec<u8>>, base: i64) {
                 let until = (base + i * 10 + 10).to_string();
                 let r = http
                     .post(format!("{url}/ingest"))
+                    .header("X-Scope-OrgID", tenant)
                     .query(&[
                         ("name", "merge-bench"),
                         ("format", "pprof"),
@@ -221,6 +223,7 @@ async fn merge_latency(
     start: i64,
     end: i64,
     runs: usize,
+    tenant: &str,
 ) -> (Vec<f64>, i64, usize) {
     let mut lat = Vec::new();
     let mut total = 0;
@@ -229,6 +232,7 @@ async fn merge_latency(
         let t = Instant::now();
         let r = http
             .get(format!("{url}/api/v1/query"))
+            .header("X-Scope-OrgID", tenant)
             .query(&[
                 ("query", format!("{pt}{{service_name=\"merge-bench\"}}")),
                 ("start", (start * 1000).to_string()),
@@ -344,14 +348,15 @@ async fn merge_bench(dir: &Path, kind: &str) {
     let srv = start(dir).await;
     let base = now_s() - DAY * 10 - 60;
     let t0 = Instant::now();
-    push_day(vec![srv.url()], profiles, base).await;
+    push_day(vec![srv.url()], profiles, base, "anonymous").await;
     println!(
         "info: ingested {DAY} profiles in {:.1} s",
         t0.elapsed().as_secs_f64()
     );
     let http = reqwest::Client::new();
     let (t_start, t_end) = (base - 1, base + DAY * 10 + 10);
-    let (mut lat, total, nodes) = merge_latency(&http, pt, &srv.url(), t_start, t_end, 5).await;
+    let (mut lat, total, nodes) =
+        merge_latency(&http, pt, &srv.url(), t_start, t_end, 5, "anonymous").await;
     println!(
         "figure merge_day_head[{kind}]: median {:.3} s, max {:.3} s over 5 runs ({DAY} profiles, total {total}, {nodes} flame graph nodes) [target < 1 s]",
         quantile(&mut lat, 0.5),
@@ -369,8 +374,10 @@ async fn merge_bench(dir: &Path, kind: &str) {
     // Cold: no block file cache either (the disk tier survives restarts).
     let _ = std::fs::remove_dir_all(dir.join("cache"));
     let srv = start(dir).await; // empty WAL: blocks alone
-    let (mut cold, total2, _) = merge_latency(&http, pt, &srv.url(), t_start, t_end, 1).await;
-    let (mut warm, total3, _) = merge_latency(&http, pt, &srv.url(), t_start, t_end, 5).await;
+    let (mut cold, total2, _) =
+        merge_latency(&http, pt, &srv.url(), t_start, t_end, 1, "anonymous").await;
+    let (mut warm, total3, _) =
+        merge_latency(&http, pt, &srv.url(), t_start, t_end, 5, "anonymous").await;
     assert!(total > 0, "the merge found the profiles");
     assert_eq!(total, total2, "blocks answer like the head");
     assert_eq!(total, total3);
@@ -420,6 +427,7 @@ async fn merge_bench(dir: &Path, kind: &str) {
 /// a day of one JVM service merged from compacted blocks (cold, warm), and
 /// bytes per row before and after compaction.
 fn cluster_bench(rt: &tokio::runtime::Runtime) {
+    const DAY_TENANT: &str = "day";
     use fathom_integration::Fathom;
     use fathom_integration::cluster::{Cluster, ClusterOptions};
 
@@ -456,11 +464,12 @@ fn cluster_bench(rt: &tokio::runtime::Runtime) {
         rf3 / one
     );
 
-    // A day of one JVM service, then blocks alone.
+    // A day of one JVM service, in a tenant of its own (the ingest run's
+    // data is in "anonymous"), then blocks alone.
     let (profiles, pt) = one_service("jvm");
     let base = now_s() - DAY * 10 - 60;
     let t0 = Instant::now();
-    rt.block_on(push_day(urls, profiles, base));
+    rt.block_on(push_day(urls, profiles, base, DAY_TENANT));
     println!(
         "info: cluster ingested {DAY} profiles in {:.1} s",
         t0.elapsed().as_secs_f64()
@@ -468,12 +477,16 @@ fn cluster_bench(rt: &tokio::runtime::Runtime) {
     let (t_start, t_end) = (base - 1, base + DAY * 10 + 10);
     let http = reqwest::Client::new();
     let q = c.querier.url("");
-    let (mut head, total, _) = rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 3));
+    let (mut head, total, _) =
+        rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 3, DAY_TENANT));
     assert!(total > 0);
-    // Heads to level-0 blocks (one per replica), then compaction.
+    // Heads to level-0 blocks (one per replica), then compaction: the
+    // compactor waits until all three are registered, so "before" is
+    // what the ingesters wrote.
+    c.compactor.stop().unwrap();
     c.restart_ingesters(true).unwrap();
     let day_blocks = |c: &Cluster| -> Vec<fathom_block::BlockMeta> {
-        c.blocks("anonymous")
+        c.blocks(DAY_TENANT)
             .unwrap()
             .into_iter()
             .filter(|b| {
@@ -490,6 +503,8 @@ fn cluster_bench(rt: &tokio::runtime::Runtime) {
     };
     let before = day_blocks(&c);
     let (b_row, b_all, b_bytes) = per_row(&before);
+    assert_eq!(before.len(), 3, "one level-0 block per replica");
+    c.compactor.start().unwrap();
     let t0 = Instant::now();
     let after = loop {
         let now = day_blocks(&c);
@@ -515,8 +530,10 @@ fn cluster_bench(rt: &tokio::runtime::Runtime) {
     let _ = std::fs::remove_dir_all(c.dir.join("querier").join("cache"));
     c.querier.start().unwrap();
     c.querier.wait_ready(Duration::from_secs(60)).unwrap();
-    let (mut cold, total2, _) = rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 1));
-    let (mut warm, total3, _) = rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 5));
+    let (mut cold, total2, _) =
+        rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 1, DAY_TENANT));
+    let (mut warm, total3, _) =
+        rt.block_on(merge_latency(&http, pt, &q, t_start, t_end, 5, DAY_TENANT));
     assert_eq!(total, total2, "compacted blocks answer like the heads");
     assert_eq!(total, total3);
     println!(

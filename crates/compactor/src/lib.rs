@@ -346,8 +346,9 @@ impl Compactor {
     async fn compact(&self, job: &Job) -> Result<BlockMeta, Error> {
         let (mut data, duplicates) = merge(self.store.as_ref(), &job.blocks).await?;
         data.source = self.cfg.name.clone();
-        // A block that crossed its own window joined a higher level's job.
-        data.level = data.level.max(job.level + 1);
+        // One above the job's level: a block that crossed its own window
+        // joined a higher level's job, and a top-level source stays top.
+        data.level = job.level + 1;
         let (mut meta, files) =
             tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
                 .await
@@ -701,7 +702,7 @@ mod tests {
             mk("e", 0, T0 + HOUR - 5, T0 + HOUR + 5), // crosses the hour: level 1's day
             mk("f", 1, T0, T0 + HOUR - 1),
             mk("g", 1, T0 + 2 * HOUR, T0 + 3 * HOUR - 1), // same day
-            mk("h", 2, T0 + DAY, T0 + DAY + 1), // top level, alone in its day
+            mk("h", 2, T0 + DAY, T0 + DAY + 1),           // top level, alone in its day
             // A top-level block and a late replica of one of its sources.
             mk("k", 2, T0 + 5 * DAY, T0 + 5 * DAY + HOUR),
             mk("l", 0, T0 + 5 * DAY + 10, T0 + 5 * DAY + 2 * HOUR),
