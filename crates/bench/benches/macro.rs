@@ -134,7 +134,6 @@ async fn push_for(urls: Vec<String>, files: Vec<Arc<Vec<u8>>>, secs: u64) -> (f6
                 let from = (1_700_000_000 + i as i64).to_string();
                 let r = http
                     .post(format!("{url}/ingest"))
-                    .header("X-Scope-OrgID", tenant)
                     .query(&[
                         ("name", "ingest-bench"),
                         ("format", "pprof"),
