@@ -10,7 +10,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use fathom_server::{AllConfig, ObjectStoreConfig, StoreKind};
 
+mod alloc;
 mod cluster;
+
+#[global_allocator]
+static GLOBAL: alloc::RoleAllocator = alloc::RoleAllocator;
 
 #[derive(Parser)]
 #[command(name = "fathom", version, about = "Fathom continuous profiling")]
@@ -307,6 +311,9 @@ fn init_logging(format: LogFormat) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Agent(_)) {
+        alloc::use_mimalloc();
+    }
     init_logging(cli.log_format);
     match cli.command {
         Command::All(a) => {

@@ -17,6 +17,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// The allocator of `fathom`'s server roles (cmd/src/alloc.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use fathom_bench::{corpus_dir, pprof_files, quantile, uncompressed};
 use fathom_server::{AllConfig, ObjectStoreConfig};
 
@@ -425,7 +429,7 @@ async fn merge_bench(dir: &Path, kind: &str) {
 /// bucket): RF=3 ingest next to `fathom all` as a process in the same run,
 /// a day of one JVM service merged from compacted blocks (cold, warm), and
 /// bytes per row before and after compaction.
-fn cluster_bench(rt: &tokio::runtime::Runtime) {
+fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     const DAY_TENANT: &str = "day";
     use fathom_integration::Fathom;
     use fathom_integration::cluster::{Cluster, ClusterOptions};
@@ -462,6 +466,9 @@ fn cluster_bench(rt: &tokio::runtime::Runtime) {
         "figure ingest_cluster_rf3: {rf3:.1} MB/s of uncompressed pprof acknowledged ({reqs3} requests in {el3:.1} s; 2 distributors, 3 ingesters, every write on 3 WALs) next to ingest_single_process_as_process: {one:.1} MB/s ({reqs1} requests in {el1:.1} s), same binary, same clients, same {cores}-core machine: ratio {:.2}",
         rf3 / one
     );
+    if ingest_only {
+        return;
+    }
 
     // A day of one JVM service, in a tenant of its own (the ingest run's
     // data is in "anonymous"), then blocks alone.
@@ -559,7 +566,8 @@ fn main() {
         .build()
         .unwrap();
     if want("cluster") {
-        cluster_bench(&rt);
+        // `-- cluster-ingest`: only the ingest figures.
+        cluster_bench(&rt, filter.as_deref() == Some("cluster-ingest"));
         if filter.is_some() {
             return;
         }

@@ -1,0 +1,109 @@
+//! The process allocator, chosen per role.
+//!
+//! The server roles use mimalloc: ingest allocates and frees many small
+//! and medium objects per request, and glibc's malloc spent about a third
+//! of the ingest benchmark's CPU in `malloc`, `free` and consolidation
+//! (docs/benchmarks.md). The agent keeps glibc's malloc: with mimalloc its
+//! peak RSS in the overhead benchmark doubled (107 MB against 58 MB), and
+//! its memory budget is tuned for glibc (`crates/agent/src/mem.rs`).
+//!
+//! Everything starts on glibc; [`use_mimalloc`] switches new allocations
+//! to mimalloc. A block is always freed or grown by the allocator that
+//! made it: mimalloc answers whether a pointer lies in its heap
+//! (`mi_is_in_heap_region`, a page-map lookup), so blocks allocated
+//! before the switch go back to glibc.
+
+#![allow(unsafe_code)] // a GlobalAlloc implementation.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mimalloc::MiMalloc;
+
+static MIMALLOC: AtomicBool = AtomicBool::new(false);
+
+/// Sends every later allocation to mimalloc.
+pub(crate) fn use_mimalloc() {
+    MIMALLOC.store(true, Ordering::Relaxed);
+}
+
+/// glibc's malloc until [`use_mimalloc`], mimalloc after.
+pub(crate) struct RoleAllocator;
+
+fn is_mimalloc(p: *mut u8) -> bool {
+    // SAFETY: a read-only lookup in mimalloc's page map, valid for any
+    // address (NULL or foreign pointers answer false), also before
+    // mimalloc has allocated anything.
+    unsafe { libmimalloc_sys::mi_is_in_heap_region(p.cast()) }
+}
+
+// SAFETY: each method forwards to an allocator that upholds the
+// GlobalAlloc contract, and a block is only ever freed or reallocated by
+// the allocator that returned it (decided by `is_mimalloc`).
+unsafe impl GlobalAlloc for RoleAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if MIMALLOC.load(Ordering::Relaxed) {
+            // SAFETY: the caller's layout contract, passed on.
+            unsafe { MiMalloc.alloc(layout) }
+        } else {
+            // SAFETY: as above.
+            unsafe { System.alloc(layout) }
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if MIMALLOC.load(Ordering::Relaxed) {
+            // SAFETY: the caller's layout contract, passed on.
+            unsafe { MiMalloc.alloc_zeroed(layout) }
+        } else {
+            // SAFETY: as above.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if is_mimalloc(ptr) {
+            // SAFETY: `ptr` came from mimalloc with this layout.
+            unsafe { MiMalloc.dealloc(ptr, layout) }
+        } else {
+            // SAFETY: `ptr` came from glibc's malloc with this layout.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if is_mimalloc(ptr) {
+            // SAFETY: `ptr` came from mimalloc with this layout.
+            unsafe { MiMalloc.realloc(ptr, layout, new_size) }
+        } else {
+            // SAFETY: `ptr` came from glibc's malloc with this layout.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_go_back_to_the_allocator_that_made_them() {
+        let layout = Layout::from_size_align(100, 8).unwrap();
+        // SAFETY: non-zero layout; each block is freed once.
+        unsafe {
+            let sys = System.alloc(layout);
+            let mi = MiMalloc.alloc(layout);
+            assert!(!is_mimalloc(sys));
+            assert!(is_mimalloc(mi));
+            assert!(!is_mimalloc(std::ptr::null_mut()));
+            // Grown and freed through RoleAllocator, each by its owner.
+            let sys = RoleAllocator.realloc(sys, layout, 10_000);
+            let mi = RoleAllocator.realloc(mi, layout, 10_000);
+            let big = Layout::from_size_align(10_000, 8).unwrap();
+            assert!(!is_mimalloc(sys));
+            assert!(is_mimalloc(mi));
+            RoleAllocator.dealloc(sys, big);
+            RoleAllocator.dealloc(mi, big);
+        }
+    }
+}
