@@ -565,9 +565,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    if want("cluster") {
-        // `-- cluster-ingest`: only the ingest figures.
-        cluster_bench(&rt, filter.as_deref() == Some("cluster-ingest"));
+    // `-- cluster-ingest`: only the cluster's ingest figures.
+    let ingest_only = filter.as_deref() == Some("cluster-ingest");
+    if want("cluster") || ingest_only {
+        cluster_bench(&rt, ingest_only);
         if filter.is_some() {
             return;
         }
