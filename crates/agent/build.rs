@@ -42,5 +42,12 @@ fn main() -> anyhow::Result<()> {
     if !status.success() {
         bail!("{clang} failed to compile {}: {status}", src.display());
     }
+    // `fathom-agent` with packed relative relocations, like `fathom`
+    // (see cmd/build.rs): fewer pages read and kept at start.
+    let os = std::env::var("CARGO_CFG_TARGET_OS")?;
+    let env = std::env::var("CARGO_CFG_TARGET_ENV")?;
+    if os == "linux" && env == "gnu" {
+        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    }
     Ok(())
 }

@@ -1,13 +1,21 @@
-//! Runs the agent standalone, as `fathom agent` will:
+//! `fathom-agent`: the agent alone, with the flags of `fathom agent`.
 //!
 //! ```sh
-//! cargo run -p fathom-agent --example agent -- --remote http://127.0.0.1:7400
+//! cargo run -p fathom-agent --bin fathom-agent -- --remote http://127.0.0.1:7400
 //! ```
+//!
+//! The same agent as `fathom agent`, in a binary without the server
+//! roles: a tenth of the size, so less of it is mapped and relocated in
+//! every host's memory (docs/agent.md, Overhead).
 
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(about = "The Fathom agent (standalone example)")]
+#[command(
+    name = "fathom-agent",
+    version,
+    about = "The Fathom agent: profiles every process on this host and pushes to --remote"
+)]
 struct Cli {
     #[command(flatten)]
     agent: fathom_agent::AgentArgs,
