@@ -207,7 +207,7 @@ impl Ingester {
     /// Makes a batch durable, then visible to queries. Returns the sample
     /// rows added (0 when every profile was already present).
     pub async fn write(&self, batch: &IngestBatch) -> Result<usize, Error> {
-        let rec = WriteRequest::from(batch).encode_to_vec();
+        let rec = fathom_proto::encode_write_request(batch);
         let _g = self.gate.read().await;
         self.wal.append(rec).await?;
         let mut st = self.state.write();

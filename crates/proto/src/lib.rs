@@ -6,12 +6,18 @@
 //! - [`push`]: `fathom.push.v1.PushService`, the native push API.
 //! - [`ingester`]: `fathom.ingester.v1`, the normalized write a distributor
 //!   sends to ingesters; the ingester's write-ahead log stores the same
-//!   message, so replay and network writes share one decoder.
+//!   message, so replay and network writes share one decoder;
+//!   [`encode_write_request`] writes that message's bytes straight from an
+//!   [`IngestBatch`](fathom_model::IngestBatch).
 //!
 //! Conversion from the wire recomputes every content-addressed id from the
 //! content, so a sender can never make two processes disagree on an id.
 
 #[allow(unreachable_pub, clippy::all)]
+mod encode;
+
+pub use encode::encode_write_request;
+
 pub mod pprof {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }

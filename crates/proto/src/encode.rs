@@ -1,0 +1,305 @@
+//! [`encode_write_request`]: a `WriteRequest` written straight from the
+//! model.
+//!
+//! The ingester's WAL record is the protobuf `WriteRequest` of each write.
+//! Building the prost message first copies every string, id and sample of
+//! the batch into new allocations only to encode and drop them (12% of
+//! the ingest benchmark's CPU, docs/benchmarks.md); this writes the same
+//! bytes from the [`IngestBatch`](model::IngestBatch) itself.
+
+use fathom_model as model;
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+
+/// Length of a length-delimited field with a payload of `len` bytes.
+fn delimited_len(tag: u32, len: usize) -> usize {
+    key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+/// A proto3 string or bytes field: omitted when empty.
+fn bytes_len(tag: u32, b: &[u8]) -> usize {
+    if b.is_empty() {
+        0
+    } else {
+        delimited_len(tag, b.len())
+    }
+}
+
+/// A proto3 int64 or uint64 field: omitted when zero.
+fn varint_len(tag: u32, v: u64) -> usize {
+    if v == 0 {
+        0
+    } else {
+        key_len(tag) + encoded_len_varint(v)
+    }
+}
+
+fn put_header(buf: &mut Vec<u8>, tag: u32, len: usize) {
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(len as u64, buf);
+}
+
+fn put_bytes(buf: &mut Vec<u8>, tag: u32, b: &[u8]) {
+    if !b.is_empty() {
+        put_header(buf, tag, b.len());
+        buf.extend_from_slice(b);
+    }
+}
+
+fn put_varint(buf: &mut Vec<u8>, tag: u32, v: u64) {
+    if v != 0 {
+        encode_key(tag, WireType::Varint, buf);
+        encode_varint(v, buf);
+    }
+}
+
+fn label_len(name: &str, value: &str) -> usize {
+    bytes_len(1, name.as_bytes()) + bytes_len(2, value.as_bytes())
+}
+
+fn sample_len(s: &model::Sample) -> usize {
+    bytes_len(1, &s.stack.0) + varint_len(2, s.value as u64)
+}
+
+fn profile_len(p: &model::Profile, profile_type: &str) -> usize {
+    bytes_len(1, &p.id.0)
+        + bytes_len(2, profile_type.as_bytes())
+        + p.labels
+            .iter()
+            .map(|(k, v)| delimited_len(3, label_len(k, v)))
+            .sum::<usize>()
+        + varint_len(4, p.time_nanos as u64)
+        + varint_len(5, p.duration_nanos as u64)
+        + varint_len(6, p.period as u64)
+        + p.samples
+            .iter()
+            .map(|s| delimited_len(7, sample_len(s)))
+            .sum::<usize>()
+}
+
+fn function_len(f: &model::Function) -> usize {
+    bytes_len(1, f.name.as_bytes())
+        + bytes_len(2, f.system_name.as_bytes())
+        + bytes_len(3, f.filename.as_bytes())
+        + varint_len(4, f.start_line as u64)
+}
+
+fn mapping_len(m: &model::Mapping) -> usize {
+    varint_len(1, m.memory_start)
+        + varint_len(2, m.memory_limit)
+        + varint_len(3, m.file_offset)
+        + bytes_len(4, m.filename.as_bytes())
+        + bytes_len(5, m.build_id.as_bytes())
+}
+
+fn line_len(l: &model::Line) -> usize {
+    bytes_len(1, &l.function.0) + varint_len(2, l.line as u64)
+}
+
+fn location_len(l: &model::Location) -> usize {
+    bytes_len(1, &l.mapping.0)
+        + varint_len(2, l.address)
+        + l.lines
+            .iter()
+            .map(|x| delimited_len(3, line_len(x)))
+            .sum::<usize>()
+}
+
+fn stack_len(s: &model::Stack) -> usize {
+    // Repeated bytes: every element is written, even an empty one.
+    s.locations
+        .iter()
+        .map(|l| delimited_len(1, l.0.len()))
+        .sum()
+}
+
+/// The bytes of `WriteRequest::from(b).encode_to_vec()`, without building
+/// the message: same fields, same order (the symbol maps' iteration
+/// order), proto3 defaults omitted the way prost omits them.
+pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
+    let s = &b.symbols;
+    let types: Vec<String> = b
+        .profiles
+        .iter()
+        .map(|p| p.profile_type.to_string())
+        .collect();
+    let profile_lens: Vec<usize> = b
+        .profiles
+        .iter()
+        .zip(&types)
+        .map(|(p, t)| profile_len(p, t))
+        .collect();
+    let total = bytes_len(1, b.tenant.as_str().as_bytes())
+        + profile_lens
+            .iter()
+            .map(|&l| delimited_len(2, l))
+            .sum::<usize>()
+        + s.functions
+            .values()
+            .map(|f| delimited_len(3, function_len(f)))
+            .sum::<usize>()
+        + s.mappings
+            .values()
+            .map(|m| delimited_len(4, mapping_len(m)))
+            .sum::<usize>()
+        + s.locations
+            .values()
+            .map(|l| delimited_len(5, location_len(l)))
+            .sum::<usize>()
+        + s.stacks
+            .values()
+            .map(|st| delimited_len(6, stack_len(st)))
+            .sum::<usize>();
+    let mut buf = Vec::with_capacity(total);
+    put_bytes(&mut buf, 1, b.tenant.as_str().as_bytes());
+    for ((p, t), &len) in b.profiles.iter().zip(&types).zip(&profile_lens) {
+        put_header(&mut buf, 2, len);
+        put_bytes(&mut buf, 1, &p.id.0);
+        put_bytes(&mut buf, 2, t.as_bytes());
+        for (k, v) in p.labels.iter() {
+            put_header(&mut buf, 3, label_len(k, v));
+            put_bytes(&mut buf, 1, k.as_bytes());
+            put_bytes(&mut buf, 2, v.as_bytes());
+        }
+        put_varint(&mut buf, 4, p.time_nanos as u64);
+        put_varint(&mut buf, 5, p.duration_nanos as u64);
+        put_varint(&mut buf, 6, p.period as u64);
+        for x in &p.samples {
+            put_header(&mut buf, 7, sample_len(x));
+            put_bytes(&mut buf, 1, &x.stack.0);
+            put_varint(&mut buf, 2, x.value as u64);
+        }
+    }
+    for f in s.functions.values() {
+        put_header(&mut buf, 3, function_len(f));
+        put_bytes(&mut buf, 1, f.name.as_bytes());
+        put_bytes(&mut buf, 2, f.system_name.as_bytes());
+        put_bytes(&mut buf, 3, f.filename.as_bytes());
+        put_varint(&mut buf, 4, f.start_line as u64);
+    }
+    for m in s.mappings.values() {
+        put_header(&mut buf, 4, mapping_len(m));
+        put_varint(&mut buf, 1, m.memory_start);
+        put_varint(&mut buf, 2, m.memory_limit);
+        put_varint(&mut buf, 3, m.file_offset);
+        put_bytes(&mut buf, 4, m.filename.as_bytes());
+        put_bytes(&mut buf, 5, m.build_id.as_bytes());
+    }
+    for l in s.locations.values() {
+        put_header(&mut buf, 5, location_len(l));
+        put_bytes(&mut buf, 1, &l.mapping.0);
+        put_varint(&mut buf, 2, l.address);
+        for x in &l.lines {
+            put_header(&mut buf, 3, line_len(x));
+            put_bytes(&mut buf, 1, &x.function.0);
+            put_varint(&mut buf, 2, x.line as u64);
+        }
+    }
+    for st in s.stacks.values() {
+        put_header(&mut buf, 6, stack_len(st));
+        for l in &st.locations {
+            put_header(&mut buf, 1, l.0.len());
+            buf.extend_from_slice(&l.0);
+        }
+    }
+    debug_assert_eq!(buf.len(), total);
+    buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingester::WriteRequest;
+    use prost::Message;
+
+    /// A batch that exercises every field, zero and empty defaults,
+    /// negative varints and multi-byte lengths.
+    fn batch() -> model::IngestBatch {
+        let mut symbols = model::Symbols::default();
+        let long = "x".repeat(300);
+        let f1 = symbols.add_function(model::Function {
+            name: "main".into(),
+            system_name: "_main".into(),
+            filename: "main.c".into(),
+            start_line: 12,
+        });
+        let f2 = symbols.add_function(model::Function {
+            name: long.clone(),
+            system_name: String::new(),
+            filename: String::new(),
+            start_line: -3,
+        });
+        let m = symbols.add_mapping(model::Mapping {
+            memory_start: 0x400000,
+            memory_limit: 0x500000,
+            file_offset: 0,
+            filename: "/bin/app".into(),
+            build_id: "abcd".into(),
+        });
+        let l1 = symbols.add_location(model::Location {
+            mapping: m,
+            address: 0x401234,
+            lines: vec![
+                model::Line {
+                    function: f2,
+                    line: 7,
+                },
+                model::Line {
+                    function: f1,
+                    line: 0,
+                },
+            ],
+        });
+        let l2 = symbols.add_location(model::Location {
+            mapping: model::Id::ZERO,
+            address: 0,
+            lines: vec![],
+        });
+        let st1 = symbols.add_stack(model::Stack {
+            locations: vec![l1, l2],
+        });
+        let st2 = symbols.add_stack(model::Stack { locations: vec![] });
+        let profile = |n: u64, value: i64| model::Profile {
+            id: model::IdHasher::new("t").u64(n).finish(),
+            profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+                .parse()
+                .unwrap(),
+            labels: model::Labels::from_pairs([("service_name", "app"), ("env", long.as_str())])
+                .unwrap(),
+            time_nanos: 1_700_000_000_000_000_000,
+            duration_nanos: if n == 0 { 0 } else { 10_000_000_000 },
+            period: -1,
+            samples: vec![
+                model::Sample { stack: st1, value },
+                model::Sample {
+                    stack: st2,
+                    value: 0,
+                },
+            ],
+        };
+        model::IngestBatch {
+            tenant: model::TenantId::new("team-a").unwrap(),
+            profiles: vec![profile(0, 5), profile(1, -9), profile(2, i64::MAX)],
+            symbols,
+        }
+    }
+
+    #[test]
+    fn same_bytes_as_the_prost_message() {
+        let b = batch();
+        let direct = encode_write_request(&b);
+        assert_eq!(direct, WriteRequest::from(&b).encode_to_vec());
+        // And it decodes back to the same batch.
+        let back =
+            model::IngestBatch::try_from(WriteRequest::decode(&direct[..]).unwrap()).unwrap();
+        assert_eq!(back, b);
+        let empty = model::IngestBatch {
+            tenant: model::TenantId::new("t").unwrap(),
+            profiles: vec![],
+            symbols: model::Symbols::default(),
+        };
+        assert_eq!(
+            encode_write_request(&empty),
+            WriteRequest::from(&empty).encode_to_vec()
+        );
+    }
+}
