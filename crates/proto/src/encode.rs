@@ -15,6 +15,15 @@ fn delimited_len(tag: u32, len: usize) -> usize {
     key_len(tag) + encoded_len_varint(len as u64) + len
 }
 
+/// Length of a repeated message field.
+fn repeated_len<'a, T: 'a>(
+    tag: u32,
+    items: impl IntoIterator<Item = &'a T>,
+    len: impl Fn(&T) -> usize,
+) -> usize {
+    items.into_iter().map(|x| delimited_len(tag, len(x))).sum()
+}
+
 /// A proto3 string or bytes field: omitted when empty.
 fn bytes_len(tag: u32, b: &[u8]) -> usize {
     if b.is_empty() {
@@ -70,10 +79,7 @@ fn profile_len(p: &model::Profile, profile_type: &str) -> usize {
         + varint_len(4, p.time_nanos as u64)
         + varint_len(5, p.duration_nanos as u64)
         + varint_len(6, p.period as u64)
-        + p.samples
-            .iter()
-            .map(|s| delimited_len(7, sample_len(s)))
-            .sum::<usize>()
+        + repeated_len(7, &p.samples, sample_len)
 }
 
 fn function_len(f: &model::Function) -> usize {
@@ -96,12 +102,7 @@ fn line_len(l: &model::Line) -> usize {
 }
 
 fn location_len(l: &model::Location) -> usize {
-    bytes_len(1, &l.mapping.0)
-        + varint_len(2, l.address)
-        + l.lines
-            .iter()
-            .map(|x| delimited_len(3, line_len(x)))
-            .sum::<usize>()
+    bytes_len(1, &l.mapping.0) + varint_len(2, l.address) + repeated_len(3, &l.lines, line_len)
 }
 
 fn stack_len(s: &model::Stack) -> usize {
@@ -129,26 +130,11 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         .map(|(p, t)| profile_len(p, t))
         .collect();
     let total = bytes_len(1, b.tenant.as_str().as_bytes())
-        + profile_lens
-            .iter()
-            .map(|&l| delimited_len(2, l))
-            .sum::<usize>()
-        + s.functions
-            .values()
-            .map(|f| delimited_len(3, function_len(f)))
-            .sum::<usize>()
-        + s.mappings
-            .values()
-            .map(|m| delimited_len(4, mapping_len(m)))
-            .sum::<usize>()
-        + s.locations
-            .values()
-            .map(|l| delimited_len(5, location_len(l)))
-            .sum::<usize>()
-        + s.stacks
-            .values()
-            .map(|st| delimited_len(6, stack_len(st)))
-            .sum::<usize>();
+        + repeated_len(2, &profile_lens, |&l| l)
+        + repeated_len(3, s.functions.values(), function_len)
+        + repeated_len(4, s.mappings.values(), mapping_len)
+        + repeated_len(5, s.locations.values(), location_len)
+        + repeated_len(6, s.stacks.values(), stack_len);
     let mut buf = Vec::with_capacity(total);
     put_bytes(&mut buf, 1, b.tenant.as_str().as_bytes());
     for ((p, t), &len) in b.profiles.iter().zip(&types).zip(&profile_lens) {
