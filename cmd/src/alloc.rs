@@ -37,6 +37,12 @@ fn is_mimalloc(p: *mut u8) -> bool {
     unsafe { libmimalloc_sys::mi_is_in_heap_region(p.cast()) }
 }
 
+/// Whether `p` must go back to mimalloc. Until the switch nothing came
+/// from it, so the agent (which never switches) skips the lookup.
+fn owned_by_mimalloc(p: *mut u8) -> bool {
+    MIMALLOC.load(Ordering::Relaxed) && is_mimalloc(p)
+}
+
 // SAFETY: each method forwards to an allocator that upholds the
 // GlobalAlloc contract, and a block is only ever freed or reallocated by
 // the allocator that returned it (decided by `is_mimalloc`).
@@ -62,7 +68,7 @@ unsafe impl GlobalAlloc for RoleAllocator {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if is_mimalloc(ptr) {
+        if owned_by_mimalloc(ptr) {
             // SAFETY: `ptr` came from mimalloc with this layout.
             unsafe { MiMalloc.dealloc(ptr, layout) }
         } else {
@@ -72,7 +78,7 @@ unsafe impl GlobalAlloc for RoleAllocator {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if is_mimalloc(ptr) {
+        if owned_by_mimalloc(ptr) {
             // SAFETY: `ptr` came from mimalloc with this layout.
             unsafe { MiMalloc.realloc(ptr, layout, new_size) }
         } else {
@@ -88,22 +94,25 @@ mod tests {
 
     #[test]
     fn blocks_go_back_to_the_allocator_that_made_them() {
+        // The only test in this binary that switches, as `main` does.
         let layout = Layout::from_size_align(100, 8).unwrap();
-        // SAFETY: non-zero layout; each block is freed once.
+        let big = Layout::from_size_align(10_000, 8).unwrap();
+        // SAFETY: non-zero layouts; each block is freed once, with the
+        // layout it has.
         unsafe {
-            let sys = System.alloc(layout);
-            let mi = MiMalloc.alloc(layout);
-            assert!(!is_mimalloc(sys));
-            assert!(is_mimalloc(mi));
+            let before = RoleAllocator.alloc(layout);
+            assert!(!is_mimalloc(before), "glibc until the switch");
             assert!(!is_mimalloc(std::ptr::null_mut()));
-            // Grown and freed through RoleAllocator, each by its owner.
-            let sys = RoleAllocator.realloc(sys, layout, 10_000);
-            let mi = RoleAllocator.realloc(mi, layout, 10_000);
-            let big = Layout::from_size_align(10_000, 8).unwrap();
-            assert!(!is_mimalloc(sys));
-            assert!(is_mimalloc(mi));
-            RoleAllocator.dealloc(sys, big);
-            RoleAllocator.dealloc(mi, big);
+            use_mimalloc();
+            let after = RoleAllocator.alloc(layout);
+            assert!(is_mimalloc(after), "mimalloc after the switch");
+            // Grown and freed, each by the allocator that made it.
+            let before = RoleAllocator.realloc(before, layout, big.size());
+            let after = RoleAllocator.realloc(after, layout, big.size());
+            assert!(!is_mimalloc(before));
+            assert!(is_mimalloc(after));
+            RoleAllocator.dealloc(before, big);
+            RoleAllocator.dealloc(after, big);
         }
     }
 }

@@ -328,14 +328,9 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("fathom all")?;
         }
-        Command::Agent(args) => {
-            let (tx, rx) = tokio::sync::watch::channel(false);
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                let _ = tx.send(true);
-            });
-            fathom_agent::run(args, rx).await.context("fathom agent")?;
-        }
+        Command::Agent(args) => fathom_agent::run_until_signal(args)
+            .await
+            .context("fathom agent")?,
         Command::Metastore(a) => cluster::metastore(a, shutdown_signal()).await?,
         Command::Ingester(a) => cluster::ingester(a, shutdown_signal()).await?,
         Command::Distributor(a) => cluster::distributor(a, shutdown_signal()).await?,

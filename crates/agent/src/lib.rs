@@ -205,6 +205,21 @@ pub async fn run(
     run_with_registry(args, Registry::default(), shutdown).await
 }
 
+/// Runs the agent until SIGINT or SIGTERM: what `fathom agent` and
+/// `fathom-agent` run.
+pub async fn run_until_signal(args: AgentArgs) -> anyhow::Result<()> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = tx.send(true);
+    });
+    run(args, rx).await
+}
+
 /// Runs the agent, registering its metrics (`fathom_agent_*`) in `registry`
 /// and serving that registry on `--metrics-listen`.
 pub async fn run_with_registry(

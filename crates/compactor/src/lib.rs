@@ -143,15 +143,15 @@ impl Job {
 /// merged) is merged into it.
 pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
     let mut groups: BTreeMap<(String, u32, i64), Vec<BlockMeta>> = BTreeMap::new();
+    let Some(top) = windows.len().checked_sub(1) else {
+        return Vec::new();
+    };
     let window_of = |level: usize, min: i64| {
         let w = (windows[level].as_nanos() as i64).max(1);
         let start = min.div_euclid(w) * w;
         (start, start.saturating_add(w))
     };
     for b in blocks {
-        let Some(top) = windows.len().checked_sub(1) else {
-            break;
-        };
         // A top-level block is grouped with the top level's inputs of its
         // window, so a late block (a replica registered after its
         // siblings were merged, a backfill) still folds into it.

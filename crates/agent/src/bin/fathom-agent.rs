@@ -17,27 +17,23 @@ use clap::Parser;
     about = "The Fathom agent: profiles every process on this host and pushes to --remote"
 )]
 struct Cli {
+    /// Log format: text or json.
+    #[arg(long, env = "FATHOM_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(flatten)]
     agent: fathom_agent::AgentArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let cli = Cli::parse();
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        let _ = tx.send(true);
-    });
-    fathom_agent::run(cli.agent, rx).await
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    if cli.log_format == "json" {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+    fathom_agent::run_until_signal(cli.agent).await
 }
