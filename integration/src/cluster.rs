@@ -183,6 +183,7 @@ impl Cluster {
     /// distributors see the three ingesters.
     pub fn start(dir: &Path, opts: &ClusterOptions) -> Result<Cluster> {
         let dir = dir.to_owned();
+        std::fs::create_dir_all(&dir)?;
         let log = |n: &str| dir.join(format!("{n}.log"));
         let mports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let peers = mports

@@ -451,7 +451,6 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     single.stop().unwrap();
     drop(single);
 
-    std::fs::create_dir_all(d.path().join("cluster")).unwrap();
     let mut c = Cluster::start(
         &d.path().join("cluster"),
         &ClusterOptions {
