@@ -233,6 +233,7 @@ pub async fn run_all(
     let app = axum::Router::new()
         .merge(fathom_distributor::router(distributor))
         .merge(fathom_querier::router(querier))
+        .merge(fathom_ui::router())
         .merge(grpc);
     let served = serve(
         cfg.listen,
