@@ -19,10 +19,12 @@ export function sortRows(rows, sort) {
   const asc = sort.startsWith("-");
   let key = asc ? sort.slice(1) : sort;
   key = key === "flatp" ? "flat" : key === "cump" ? "cum" : key;
-  const cmp =
-    key === "name" ? (a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0) : (a, b) => a[key] - b[key] || (a.name < b.name ? -1 : 1);
+  const byName = (a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+  // Numbers descending (ties as the API orders them: cum, then name);
+  // names A to Z. A leading "-" reverses.
+  const cmp = key === "name" ? byName : (a, b) => b[key] - a[key] || b.cum - a.cum || byName(a, b);
   const out = [...rows].sort(cmp);
-  return (key === "name") !== asc ? out : out.reverse();
+  return asc ? out.reverse() : out;
 }
 
 /** Renders the top table of `data` ({unit, total, rows}) into `main`. */

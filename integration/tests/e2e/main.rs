@@ -9,3 +9,4 @@ mod cluster;
 mod corpus;
 mod flight;
 mod pyroscope_client;
+mod ui;

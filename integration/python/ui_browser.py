@@ -1,0 +1,263 @@
+"""End-to-end test of the web UI in headless Chromium against a running
+`fathom all` that holds profiles (ingested by integration/tests/e2e/ui.rs).
+
+Every view is loaded in a real browser and compared with the HTTP API's
+answer for the same selection; zoom, search, compare and a reload must
+restore the same view. A screenshot of each view is written to OUT_DIR.
+
+usage: ui_browser.py BASE_URL TENANT START_MS END_MS OUT_DIR
+
+Prints one JSON line of timings at the end. Exits non-zero (with the reason)
+on any mismatch.
+"""
+
+import json
+import os
+import sys
+import time
+import re
+import urllib.parse
+import urllib.request
+
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+BASE, TENANT, START, END, OUT = sys.argv[1:6]
+PTYPE = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+SVC = '{service_name="kafka"}'
+
+
+def api(path, **params):
+    """GET an API path as the tenant; the parsed JSON answer."""
+    url = BASE + path + "?" + urllib.parse.urlencode(params)
+    req = urllib.request.Request(url, headers={"X-Scope-OrgID": TENANT})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
+
+
+def page(**state):
+    """The UI's URL for a state."""
+    return BASE + "/?" + urllib.parse.urlencode(state)
+
+
+def driver():
+    opts = Options()
+    opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    for a in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"]:
+        opts.add_argument(a)
+    svc = Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+    return webdriver.Chrome(options=opts, service=svc)
+
+
+def wait_view(d, timeout=60):
+    """Waits until the page has rendered its view; returns window.fathomView."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = d.execute_script("return window.fathomView")
+        if v and v.get("ready"):
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"the view did not render in {timeout}s; error banner: {banner(d)!r}")
+
+
+def banner(d):
+    e = d.find_element(By.ID, "error")
+    return "" if not e.is_displayed() else e.text
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def shot(d, name):
+    os.makedirs(OUT, exist_ok=True)
+    d.save_screenshot(os.path.join(OUT, name + ".png"))
+
+
+def widest_from_api(tree, n=5):
+    kids = sorted(tree["children"], key=lambda c: (-c["value"], c["name"]))
+    return [(c["name"], c["value"]) for c in kids[:n]]
+
+
+def outermost_matches(tree, rx):
+    """The value of every outermost frame matching rx (as the UI counts)."""
+    total = 0
+    stack = list(tree["children"])
+    while stack:
+        n = stack.pop()
+        if rx.search(n["name"]):
+            total += n["value"]
+        else:
+            stack.extend(n["children"])
+    return total
+
+
+def main():
+    base_state = dict(tenant=TENANT, type=PTYPE, q=SVC, **{"from": START, "to": END})
+    timings = {}
+    d = driver()
+    try:
+        # 1. Empty state: a tenant with no data says how to send some.
+        d.get(page(tenant="nobody-here", **{"from": START, "to": END}))
+        v = wait_view(d)
+        check(v["view"] == "empty", f"expected the empty state, got {v}")
+        text = d.find_element(By.ID, "main").text
+        for want in ["fathom agent", "curl", "/ingest", "SDK"]:
+            check(want in text, f"empty state lacks {want!r}: {text}")
+        shot(d, "empty")
+
+        # 2. Error state: a bad selector shows the API's message.
+        d.get(page(**{**base_state, "q": '{service_name="kafka"'}))
+        v = wait_view(d)
+        msg = banner(d)
+        check(v.get("error") and msg, f"expected an error banner, got {v}")
+        check(": query: " in msg, f"the banner should carry the API's message naming the parameter: {msg}")
+        shot(d, "error")
+
+        # 3. Icicle: widest frames equal the API's flame graph.
+        tree = api("/api/v1/query", query=PTYPE + SVC, start=START, end=END, format="flamegraph", max_nodes=50000)
+        t0 = time.time()
+        d.get(page(**base_state))
+        v = wait_view(d)
+        timings["icicle_load_s"] = round(time.time() - t0, 3)
+        timings["icicle_first_paint_ms"] = round(d.execute_script("return window.fathomTimings.firstPaint"), 1)
+        check(v["view"] == "icicle", f"icicle view expected: {v}")
+        got = [(w["name"], w["value"]) for w in v["widest"][:5]]
+        want = widest_from_api(tree)
+        check(got == want, f"widest frames differ:\n page {got}\n api  {want}")
+        check(v["zoomValue"] == tree["value"], f"root {v['zoomValue']} != api total {tree['value']}")
+        shot(d, "icicle")
+
+        # 4. Zoom: click the widest child; the URL records it; reload restores it.
+        rows = d.execute_script("return window.fathomIcicle.rows[1]")
+        target = want[0][0]
+        x = None
+        for k in range(0, len(rows), 3):
+            if d.execute_script("return window.fathomIcicle.f.name[arguments[0]]", rows[k]) == target:
+                x = rows[k + 1] + rows[k + 2] / 2
+                break
+        check(x is not None, f"{target} is not drawn on row 1")
+        canvas = d.find_element(By.CSS_SELECTOR, "canvas.icicle")
+        w = canvas.size["width"]
+        h = canvas.size["height"]
+        ActionChains(d).move_to_element_with_offset(canvas, int(x - w / 2), int(18 * 1.5 - h / 2)).click().perform()
+        time.sleep(0.2)
+        v = wait_view(d)
+        check(v["zoomName"] == target, f"zoom: expected {target}, got {v['zoomName']}")
+        zoomed = dict(v)
+        timings["zoom_draw_ms"] = round(v["drawMs"], 2)
+        check("zoom=" in d.current_url, f"the zoom is not in the URL: {d.current_url}")
+        tip = d.find_element(By.ID, "tooltip")
+        check(tip.is_displayed() and target[:20] in tip.text, f"tooltip missing or wrong: {tip.text!r}")
+        shot(d, "zoom")
+        d.refresh()
+        v = wait_view(d)
+        check(v["zoomPath"] == zoomed["zoomPath"] and v["widest"] == zoomed["widest"], f"reload lost the zoom: {v}")
+        crumbs = d.find_elements(By.CSS_SELECTOR, "#breadcrumb a")
+        check(len(crumbs) == 2, f"breadcrumb: {[c.text for c in crumbs]}")
+        crumbs[0].click()
+        v = wait_view(d)
+        check(v["zoomName"] == "total", f"breadcrumb did not zoom out: {v}")
+
+        # 5. Search: highlights and reports the matching share; survives reload.
+        term = "kafka"
+        box = d.find_element(By.ID, "search")
+        box.clear()
+        box.send_keys(term + Keys.ENTER)
+        time.sleep(0.2)
+        v = wait_view(d)
+        want_total = outermost_matches(tree, re.compile(term, re.I))
+        check(want_total > 0, "the search term matches nothing in the API's tree")
+        check(v["searchTotal"] == want_total, f"search total {v['searchTotal']} != {want_total}")
+        share = d.find_element(By.ID, "searchshare").text
+        check("%" in share, f"no share shown: {share!r}")
+        shot(d, "search")
+        d.refresh()
+        v = wait_view(d)
+        check(v["searchTotal"] == want_total, f"reload lost the search: {v}")
+
+        # 6. Top table: first rows equal the API's; a click focuses the icicle.
+        top = api("/api/v1/query", query=PTYPE + SVC, start=START, end=END, format="top")
+        d.get(page(**base_state, view="top"))
+        v = wait_view(d)
+        cells = [r.find_elements(By.TAG_NAME, "td") for r in d.find_elements(By.CSS_SELECTOR, "#toptable tbody tr")[:5]]
+        got = [c[0].text for c in cells]
+        want = [r["name"] for r in top["rows"][:5]]
+        check(got == want, f"top rows differ:\n page {got}\n api  {want}")
+        check(v["rows"] == len(top["rows"]), f"row count {v['rows']} != {len(top['rows'])}")
+        shot(d, "top")
+        # Sort by cum, then filter.
+        d.find_element(By.CSS_SELECTOR, 'th[data-sort="cum"]').click()
+        wait_view(d)
+        first = d.find_element(By.CSS_SELECTOR, "#toptable tbody tr td.fn").text
+        best_cum = max(r["cum"] for r in top["rows"])
+        first_cum = next(r for r in top["rows"] if r["name"] == first)["cum"]
+        check(first_cum == best_cum, f"sorted by cum, first row {first} has cum {first_cum}, max is {best_cum}")
+        d.find_elements(By.CSS_SELECTOR, "#toptable tbody tr")[0].click()
+        v = wait_view(d)
+        check(v["view"] == "icicle" and v["zoomName"] == first, f"row click did not focus {first}: {v}")
+
+        # 7. Sandwich of the top function: callees total = its cum.
+        fn = top["rows"][0]["name"]
+        d.get(page(**base_state, view="sandwich", fn=fn))
+        v = wait_view(d)
+        cum = top["rows"][0]["cum"]
+        check(v["callees"] == cum and v["callers"] == cum, f"sandwich {v} vs cum {cum}")
+        shot(d, "sandwich")
+
+        # 8. Compare two label sets: the what-changed table equals /api/v1/changes.
+        a_sel = '{service_name="kafka", version="1.0"}'
+        b_sel = '{service_name="kafka", version="1.1"}'
+        ch = api("/api/v1/changes", left=PTYPE + a_sel, right=PTYPE + b_sel, left_start=START, left_end=END,
+                 right_start=START, right_end=END, limit=20)
+        d.get(page(**{**base_state, "q": a_sel}, view="compare", bq=b_sel))
+        v = wait_view(d)
+        check(v["view"] == "compare", f"compare view expected: {v}")
+        got = [c["name"] for c in v["changes"][:10]]
+        want = [c["name"] for c in ch["changes"][:10]]
+        check(got == want, f"changes differ:\n page {got}\n api  {want}")
+        rows = d.find_elements(By.CSS_SELECTOR, "#changes tbody tr")
+        check(len(rows) == len(ch["changes"]), f"{len(rows)} rows vs {len(ch['changes'])}")
+        shot(d, "compare")
+        d.refresh()
+        v2 = wait_view(d)
+        check(v2["changes"] == v["changes"] and v2["widest"] == v["widest"], "reload changed the compare view")
+
+        # 9. Tenant field: typing a tenant switches the data source.
+        d.get(page(**{"from": START, "to": END}))
+        wait_view(d)
+        t = d.find_element(By.ID, "tenant")
+        t.clear()
+        t.send_keys(TENANT + Keys.ENTER)
+        time.sleep(0.3)
+        v = wait_view(d)
+        check(v["view"] == "icicle" and f"tenant={TENANT}" in d.current_url, f"tenant field: {v} {d.current_url}")
+
+        # 10. Autocompletion of label names, then values.
+        sel = d.find_element(By.ID, "selector")
+        sel.clear()
+        sel.send_keys("{vers")
+        time.sleep(0.5)
+        items = [li.text for li in d.find_elements(By.CSS_SELECTOR, "#suggest li")]
+        check(items == ["version"], f"label name suggestions: {items}")
+        sel.send_keys(Keys.TAB)
+        time.sleep(0.5)
+        items = [li.text for li in d.find_elements(By.CSS_SELECTOR, "#suggest li")]
+        check(items == ["1.0", "1.1"], f"label value suggestions: {items}")
+        shot(d, "autocomplete")
+    finally:
+        d.quit()
+    print(json.dumps(timings))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except AssertionError as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        sys.exit(1)
