@@ -19,12 +19,12 @@ import re
 import urllib.parse
 import urllib.request
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from ui_browser_common import banner, driver, wait_view  # noqa: E402
 
 BASE, TENANT, START, END, OUT = sys.argv[1:6]
 PTYPE = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
@@ -42,31 +42,6 @@ def api(path, **params):
 def page(**state):
     """The UI's URL for a state."""
     return BASE + "/?" + urllib.parse.urlencode(state)
-
-
-def driver():
-    opts = Options()
-    opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-    for a in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"]:
-        opts.add_argument(a)
-    svc = Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
-    return webdriver.Chrome(options=opts, service=svc)
-
-
-def wait_view(d, timeout=60):
-    """Waits until the page has rendered its view; returns window.fathomView."""
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        v = d.execute_script("return window.fathomView")
-        if v and v.get("ready"):
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"the view did not render in {timeout}s; error banner: {banner(d)!r}")
-
-
-def banner(d):
-    e = d.find_element(By.ID, "error")
-    return "" if not e.is_displayed() else e.text
 
 
 def check(cond, msg):
