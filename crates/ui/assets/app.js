@@ -69,6 +69,7 @@ async function render() {
   showError("");
   for (const ic of icicles) ic.destroy();
   icicles = [];
+  $("tooltip").hidden = true;
   document.querySelectorAll("#views button").forEach((b) => b.classList.toggle("active", b.dataset.view === s.view));
   $("compareform").hidden = s.view !== "compare";
   window.fathomView = { ready: false, view: s.view };

@@ -15,7 +15,7 @@
 //! with an `ETag` of the build's version and `no-cache`, so a browser
 //! revalidates and never runs a stale module against a new API.
 
-use axum::Router;
+use axum::{Json, Router};
 use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -67,11 +67,7 @@ fn serve(name: &str, headers: &HeaderMap) -> Response {
     let Some(a) = ASSETS.iter().find(|a| a.name == name) else {
         return (
             StatusCode::NOT_FOUND,
-            [(header::CONTENT_TYPE, "application/json")],
-            format!(
-                "{{\"error\":\"no UI file named {:?}\"}}",
-                name.escape_default().to_string()
-            ),
+            Json(serde_json::json!({ "error": format!("no UI file named {name:?}") })),
         )
             .into_response();
     };
@@ -144,8 +140,8 @@ mod tests {
     async fn unknown_file_is_a_json_404() {
         let (s, _, body) = get("/ui/nope.js", None).await;
         assert_eq!(s, StatusCode::NOT_FOUND);
-        assert!(body.contains("\"error\""), "{body}");
-        assert!(body.contains("nope.js"), "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(v["error"].as_str().unwrap().contains("nope.js"), "{body}");
     }
 
     /// Every module another module imports is served: a missing entry in
