@@ -114,7 +114,7 @@ struct Source {
 pub(crate) struct Plan {
     pub(crate) series: HashMap<Id, SeriesRow>,
     sources: Vec<Source>,
-    profiles: usize,
+    pub(crate) profiles: usize,
     period: i64,
 }
 

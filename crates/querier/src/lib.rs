@@ -45,7 +45,10 @@ use object_store::ObjectStore;
 use parking_lot::Mutex;
 
 pub use cache::{CacheConfig, CacheError, CachedStore};
-pub use changes::{Change, Direction, Functions, Observation, Window, benjamini_hochberg, mann_whitney, rank};
+pub use changes::{
+    ALPHA, Change, Direction, Functions, MIN_OBSERVATIONS, Observation, Window, benjamini_hochberg,
+    mann_whitney, rank,
+};
 pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;
 pub use flight::{FathomFlight, flight_service};
