@@ -29,7 +29,7 @@ struct Asset {
 }
 
 macro_rules! asset {
-    ($name:literal, $ct:literal) => {
+    ($name:literal, $ct:expr) => {
         Asset {
             name: $name,
             content_type: $ct,
