@@ -19,7 +19,7 @@ import re
 import urllib.parse
 import urllib.request
 
-from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
@@ -117,14 +117,19 @@ def main():
                 x = rows[k + 1] + rows[k + 2] / 2
                 break
         check(x is not None, f"{target} is not drawn on row 1")
-        canvas = d.find_element(By.CSS_SELECTOR, "canvas.icicle")
-        w = canvas.size["width"]
-        h = canvas.size["height"]
-        ActionChains(d).move_to_element_with_offset(canvas, int(x - w / 2), int(18 * 1.5 - h / 2)).perform()
+        # A real pointer at viewport coordinates (the canvas can be taller
+        # than the window, so element-relative offsets are ambiguous).
+        top, left = d.execute_script(
+            "const r = document.querySelector('canvas.icicle').getBoundingClientRect(); return [r.top, r.left]")
+        pointer = ActionBuilder(d)
+        pointer.pointer_action.move_to_location(int(left + x), int(top + 18 * 1.5))
+        pointer.perform()
         time.sleep(0.1)
         tip = d.find_element(By.ID, "tooltip")
         check(tip.is_displayed() and target[:20] in tip.text and "self" in tip.text, f"tooltip missing or wrong: {tip.text!r}")
-        ActionChains(d).click().perform()
+        pointer = ActionBuilder(d)
+        pointer.pointer_action.click()
+        pointer.perform()
         time.sleep(0.2)
         v = wait_view(d)
         check(v["zoomName"] == target, f"zoom: expected {target}, got {v['zoomName']}")
@@ -191,7 +196,7 @@ def main():
         a_sel = '{service_name="kafka", version="1.0"}'
         b_sel = '{service_name="kafka", version="1.1"}'
         ch = api("/api/v1/changes", left=PTYPE + a_sel, right=PTYPE + b_sel, left_start=START, left_end=END,
-                 right_start=START, right_end=END, limit=20)
+                 right_start=START, right_end=END, limit=200)
         d.get(page(**{**base_state, "q": a_sel}, view="compare", bq=b_sel))
         v = wait_view(d)
         check(v["view"] == "compare", f"compare view expected: {v}")
