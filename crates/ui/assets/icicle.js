@@ -22,12 +22,15 @@ function hash(s) {
 
 /** The package, class or binary a frame belongs to, which picks its colour:
  * `a::b::f` → `a::b`, `github.com/x/y.(*T).f` → `github.com/x/y`,
- * `org.apache.kafka.Foo.bar` → `org.apache.kafka`, `libc.so.6` stays. */
+ * `org.apache.kafka.Foo.bar` → `org.apache.kafka`, `java/util/Map.get` →
+ * `java/util/`, `libc.so.6` stays. */
 export function packageOf(name) {
   if (name.includes("::")) return name.split("::").slice(0, 2).join("::");
   const slash = name.lastIndexOf("/");
   const head = name.slice(0, slash + 1);
   const parts = name.slice(slash + 1).split(".");
+  // `java/util/HashMap.get`: a JVM class in a package path; the package.
+  if (slash > 0 && /^[A-Z]/.test(parts[0])) return head;
   if (parts.length > 3) return head + parts.slice(0, parts.length - 2).join(".");
   return head + parts[0];
 }
