@@ -10,7 +10,9 @@ const COLOURS = ["#3b6fd8", "#d8553b", "#2d9d5a", "#9b4fd0", "#c79a1c", "#1c9cc7
  * `start` and `end` (ms); `onSelect(fromMs, toMs)` is called after a drag. */
 export function drawChart(canvas, legend, series, start, end, unit, onSelect) {
   const dpr = window.devicePixelRatio || 1;
-  const W = canvas.parentElement.clientWidth || 800;
+  const box = canvas.parentElement;
+  const cs = getComputedStyle(box);
+  const W = box.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) || 800;
   const H = 140;
   canvas.style.width = W + "px";
   canvas.style.height = H + "px";
