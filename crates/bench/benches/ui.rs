@@ -52,7 +52,11 @@ fn wide_folded(nodes: usize) -> String {
                     break;
                 }
                 let name = format!("pkg{}/mod{}.fn_{count}", count % 37, k);
-                let path = if p.is_empty() { name } else { format!("{p};{name}") };
+                let path = if p.is_empty() {
+                    name
+                } else {
+                    format!("{p};{name}")
+                };
                 out.push_str(&format!("{path} {}\n", 1 + (count * 7919) % 97));
                 count += 1;
                 next.push(path);

@@ -158,8 +158,14 @@ pub fn rank(fns: &Functions, a: &[Observation], b: &[Observation], dir: Directio
         let (b_flat, b_cum) = sums(&b);
         xs.clear();
         ys.clear();
-        xs.extend(a.iter().map(|o| frac(o.values.get(&i).map_or(0, |v| v.0), o.total)));
-        ys.extend(b.iter().map(|o| frac(o.values.get(&i).map_or(0, |v| v.0), o.total)));
+        xs.extend(
+            a.iter()
+                .map(|o| frac(o.values.get(&i).map_or(0, |v| v.0), o.total)),
+        );
+        ys.extend(
+            b.iter()
+                .map(|o| frac(o.values.get(&i).map_or(0, |v| v.0), o.total)),
+        );
         let (u, p_value) = mann_whitney(&ys, &xs);
         let a_share = frac(a_flat, a_total);
         let b_share = frac(b_flat, b_total);
@@ -364,16 +370,15 @@ impl Querier {
                         if vals.is_null(i) {
                             continue;
                         }
-                        let k: Vec<u8> = if let Some(a) =
-                            keys.as_any().downcast_ref::<FixedSizeBinaryArray>()
-                        {
-                            a.value(i).to_vec()
-                        } else {
-                            keys.as_primitive::<Int64Type>()
-                                .value(i)
-                                .to_le_bytes()
-                                .to_vec()
-                        };
+                        let k: Vec<u8> =
+                            if let Some(a) = keys.as_any().downcast_ref::<FixedSizeBinaryArray>() {
+                                a.value(i).to_vec()
+                            } else {
+                                keys.as_primitive::<Int64Type>()
+                                    .value(i)
+                                    .to_le_bytes()
+                                    .to_vec()
+                            };
                         let n = index.len();
                         let o = *index.entry(k).or_insert(n);
                         if o == observations.len() {
@@ -485,7 +490,9 @@ mod tests {
                 let mut o = Observation::default();
                 for (frames, v) in stacks {
                     let leaf = frames.last().expect("non-empty stack").as_str();
-                    let k = *noise.entry(leaf).or_insert_with(|| rng.random_range(0.85..1.15));
+                    let k = *noise
+                        .entry(leaf)
+                        .or_insert_with(|| rng.random_range(0.85..1.15));
                     let extra = match slow {
                         Some((f, factor)) if f == leaf => factor,
                         _ => 1.0,
@@ -539,7 +546,11 @@ mod tests {
             let b = noisy(&mut rng, &mut fns, &stacks, 30, None);
             let r = rank(&fns, &a, &b, Direction::Slower);
             let sig: Vec<&Change> = r.iter().filter(|c| c.significant).collect();
-            assert!(sig.is_empty(), "seed {seed}: {:?}", &sig[..sig.len().min(3)]);
+            assert!(
+                sig.is_empty(),
+                "seed {seed}: {:?}",
+                &sig[..sig.len().min(3)]
+            );
             // Some raw p-values are small by chance: the correction matters.
             assert!(r.iter().any(|c| c.p_value < 0.05), "seed {seed}");
         }

@@ -403,9 +403,7 @@ async fn changes(
     let dir = match p.get("direction") {
         None => Direction::Slower,
         Some(d) => Direction::parse(d).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "direction {d:?} is not one of slower, faster, any"
-            ))
+            ApiError::bad_request(format!("direction {d:?} is not one of slower, faster, any"))
         })?,
     };
     let (l, r) = tokio::try_join!(

@@ -15,11 +15,11 @@
 //! with an `ETag` of the build's version and `no-cache`, so a browser
 //! revalidates and never runs a stale module against a new API.
 
-use axum::{Json, Router};
 use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::{Json, Router};
 
 /// One compiled-in file: name under `/ui/`, content type, body.
 struct Asset {
@@ -80,7 +80,10 @@ fn serve(name: &str, headers: &HeaderMap) -> Response {
     }
     let mut r = a.body.into_response();
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(a.content_type));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(a.content_type),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     if let Ok(v) = HeaderValue::from_str(&tag) {
         h.insert(header::ETAG, v);
@@ -92,7 +95,10 @@ fn serve(name: &str, headers: &HeaderMap) -> Response {
 /// every process that serves it (the querier role and `fathom all`).
 pub fn router() -> Router {
     Router::new()
-        .route("/", get(|h: HeaderMap| async move { serve("index.html", &h) }))
+        .route(
+            "/",
+            get(|h: HeaderMap| async move { serve("index.html", &h) }),
+        )
         .route(
             "/ui/{file}",
             get(|Path(f): Path<String>, h: HeaderMap| async move { serve(&f, &h) }),
@@ -117,14 +123,23 @@ mod tests {
             .unwrap();
         let (parts, body) = r.into_parts();
         let b = to_bytes(body, 1 << 20).await.unwrap();
-        (parts.status, parts.headers, String::from_utf8(b.to_vec()).unwrap())
+        (
+            parts.status,
+            parts.headers,
+            String::from_utf8(b.to_vec()).unwrap(),
+        )
     }
 
     #[tokio::test]
     async fn serves_the_page_and_its_modules() {
         let (s, h, body) = get("/", None).await;
         assert_eq!(s, StatusCode::OK);
-        assert!(h[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/html"));
+        assert!(
+            h[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
         assert!(body.contains("/ui/app.js"), "the page loads the app module");
         let (s, h, body) = get("/ui/app.js", None).await;
         assert_eq!(s, StatusCode::OK);

@@ -102,7 +102,12 @@ fn ui_views_match_the_api_in_headless_chromium() {
     assert!(
         out.status.success(),
         "the browser test failed:\n{stdout}\n{stderr}\nfathom log:\n{}",
-        f.log().lines().rev().take(30).collect::<Vec<_>>().join("\n")
+        f.log()
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     println!("ui timings: {stdout}");
     for view in [
@@ -181,7 +186,12 @@ fn changes_finds_an_injected_regression_through_the_api() {
     let target = by[4].0.to_owned();
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let n = 30;
-    for (version, slow) in [("a", None), ("b", Some(target.as_str())), ("c", None), ("d", None)] {
+    for (version, slow) in [
+        ("a", None),
+        ("b", Some(target.as_str())),
+        ("c", None),
+        ("d", None),
+    ] {
         for i in 0..n {
             let body = noisy_folded(&stacks, &mut seed, slow);
             let from = (BASE_S + 10 * i).to_string();
@@ -189,7 +199,11 @@ fn changes_finds_an_injected_regression_through_the_api() {
             let (s, b) = f
                 .ingest(
                     Some("changes"),
-                    &[("name", name.as_str()), ("format", "folded"), ("from", from.as_str())],
+                    &[
+                        ("name", name.as_str()),
+                        ("format", "folded"),
+                        ("from", from.as_str()),
+                    ],
                     body.into_bytes(),
                 )
                 .unwrap();
