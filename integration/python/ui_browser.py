@@ -210,6 +210,36 @@ def main():
         v2 = wait_view(d)
         check(v2["changes"] == v["changes"] and v2["widest"] == v["widest"], "reload changed the compare view")
 
+        # 8b. Compare two time ranges of the same selector.
+        a_to = str(int(START) + 660_000)  # the first two profiles (version 1.0)
+        b_from = str(int(START) + 660_000)
+        ch = api("/api/v1/changes", left=PTYPE + SVC, right=PTYPE + SVC, left_start=START, left_end=a_to,
+                 right_start=b_from, right_end=END, limit=200)
+        check(ch["left"]["profiles"] == 2 and ch["right"]["profiles"] == 2, f"time split: {ch['left']} {ch['right']}")
+        d.get(page(**{**base_state, "to": a_to}, view="compare", bfrom=b_from, bto=END))
+        v = wait_view(d)
+        got = [c["name"] for c in v["changes"][:10]]
+        want = [c["name"] for c in ch["changes"][:10]]
+        check(got == want, f"time-range changes differ:\n page {got}\n api  {want}")
+
+        # 8c. Download pprof: the button fetches a gzip'd pprof of the view.
+        d.get(page(**base_state))
+        wait_view(d)
+        d.execute_script("""window.__dl = null; const orig = URL.createObjectURL;
+            URL.createObjectURL = (b) => { window.__dl = b; return orig.call(URL, b); };""")
+        d.find_element(By.ID, "download").click()
+        head = d.execute_async_script("""const done = arguments[0];
+            const poll = () => window.__dl ? window.__dl.arrayBuffer().then((b) =>
+              done([b.byteLength, ...new Uint8Array(b.slice(0, 2))])) : setTimeout(poll, 50);
+            poll();""")
+        check(head[0] > 1000 and head[1:] == [0x1F, 0x8B], f"download is not a gzip'd pprof: {head}")
+        # Copy link: copied, or shown selected when the clipboard is refused.
+        d.find_element(By.ID, "copylink").click()
+        time.sleep(0.2)
+        box = d.find_element(By.ID, "linkbox")
+        copied = d.find_element(By.ID, "copylink").text == "Copied"
+        check(copied or box.get_attribute("value") == d.current_url, "copy link did nothing")
+
         # 9. Tenant field: typing a tenant switches the data source.
         d.get(page(**{"from": START, "to": END}))
         wait_view(d)

@@ -263,6 +263,20 @@ mod tests {
     }
 
     #[test]
+    fn a_nameless_frame_is_never_blank() {
+        let f = |name: &str, system: &str, file: &str| fathom_model::Function {
+            name: name.into(),
+            system_name: system.into(),
+            filename: file.into(),
+            start_line: 12,
+        };
+        assert_eq!(frame_name(&f("main.run", "main.run", "")), "main.run");
+        assert_eq!(frame_name(&f("", "_ZN4core3fmt5write", "")), "_ZN4core3fmt5write");
+        assert_eq!(frame_name(&f("", "", "src/main.rs")), "src/main.rs:12");
+        assert_eq!(frame_name(&f("", "", "")), "?");
+    }
+
+    #[test]
     fn top_flat_and_cum() {
         let t = top(&rows());
         assert_eq!(t[0].name, "b");

@@ -70,6 +70,7 @@ async function render() {
   for (const ic of icicles) ic.destroy();
   icicles = [];
   $("tooltip").hidden = true;
+  $("linkbox").hidden = true;
   document.querySelectorAll("#views button").forEach((b) => b.classList.toggle("active", b.dataset.view === s.view));
   $("compareform").hidden = s.view !== "compare";
   window.fathomView = { ready: false, view: s.view };
@@ -239,8 +240,13 @@ async function copyLink() {
     await navigator.clipboard.writeText(location.href);
     btn.textContent = "Copied";
   } catch {
-    // No clipboard permission (plain http, headless): show the link.
-    window.prompt("Link to this view:", location.href);
+    // No clipboard permission (plain http, headless): show the link,
+    // selected, for a manual copy.
+    const box = $("linkbox");
+    box.value = location.href;
+    box.hidden = false;
+    box.select();
+    btn.textContent = "Select and copy";
   }
   setTimeout(() => (btn.textContent = "Copy link"), 1500);
 }
