@@ -211,8 +211,8 @@ def main():
         check(v2["changes"] == v["changes"] and v2["widest"] == v["widest"], "reload changed the compare view")
 
         # 8b. Compare two time ranges of the same selector.
-        a_to = str(int(START) + 660_000)  # the first two profiles (version 1.0)
-        b_from = str(int(START) + 660_000)
+        a_to = str(int(START) + 690_000)  # the first two profiles (version 1.0)
+        b_from = str(int(START) + 700_000)
         ch = api("/api/v1/changes", left=PTYPE + SVC, right=PTYPE + SVC, left_start=START, left_end=a_to,
                  right_start=b_from, right_end=END, limit=200)
         check(ch["left"]["profiles"] == 2 and ch["right"]["profiles"] == 2, f"time split: {ch['left']} {ch['right']}")
