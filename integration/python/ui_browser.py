@@ -108,7 +108,34 @@ def main():
         check(v["zoomValue"] == tree["value"], f"root {v['zoomValue']} != api total {tree['value']}")
         shot(d, "icicle")
 
+        # 3b. Metrics graph: group by a label gives one line per value;
+        # dragging across it selects the range the views merge.
+        d.get(page(**base_state, group="version"))
+        wait_view(d)
+        legend = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#legend span")]
+        check(legend == ["version=1.0", "version=1.1"], f"group-by legend: {legend}")
+        r = d.execute_script("const r = document.getElementById('chart').getBoundingClientRect(); return [r.left, r.top, r.width, r.height]")
+        # The plot spans [64, width - 12] px; profiles are at +600 s .. +780 s of 1,500 s.
+        span = r[2] - 76
+        x0 = r[0] + 64 + span * 0.3
+        x1 = r[0] + 64 + span * 0.45
+        pointer = ActionBuilder(d)
+        pointer.pointer_action.move_to_location(int(x0), int(r[1] + r[3] / 2)).pointer_down()
+        pointer.pointer_action.move_to_location(int((x0 + x1) / 2), int(r[1] + r[3] / 2))
+        pointer.pointer_action.move_to_location(int(x1), int(r[1] + r[3] / 2)).pointer_up()
+        pointer.perform()
+        time.sleep(0.3)
+        v = wait_view(d)
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(d.current_url).query)
+        f0, f1 = int(q["from"][0]), int(q["to"][0])
+        check(int(START) < f0 < f1 < int(END), f"drag did not select a range: {d.current_url}")
+        sel = api("/api/v1/query", query=PTYPE + SVC, start=f0, end=f1, format="flamegraph", max_nodes=50000)
+        check(v["zoomValue"] == sel["value"] and sel["value"] < tree["value"],
+              f"after the drag the graph shows {v['zoomValue']}, the API {sel['value']} (all: {tree['value']})")
+
         # 4. Zoom: click the widest child; the URL records it; reload restores it.
+        d.get(page(**base_state))
+        wait_view(d)
         rows = d.execute_script("return window.fathomIcicle.rows[1]")
         target = want[0][0]
         x = None
@@ -183,6 +210,18 @@ def main():
         d.find_elements(By.CSS_SELECTOR, "#toptable tbody tr")[0].click()
         v = wait_view(d)
         check(v["view"] == "icicle" and v["zoomName"] == first, f"row click did not focus {first}: {v}")
+
+        # 6b. Filter box: only matching functions, all of them.
+        d.get(page(**base_state, view="top"))
+        wait_view(d)
+        box = d.find_element(By.ID, "filter")
+        box.send_keys("hashmap" + Keys.ENTER)
+        time.sleep(0.2)
+        wait_view(d)
+        names = [td.text for td in d.find_elements(By.CSS_SELECTOR, "#toptable tbody td.fn")]
+        want = [r["name"] for r in top["rows"] if "hashmap" in r["name"].lower()]
+        check(names and sorted(names) == sorted(want), f"filter: {names[:5]}… vs {want[:5]}…")
+        check("filter=hashmap" in d.current_url, f"the filter is not in the URL: {d.current_url}")
 
         # 7. Sandwich of the top function: callees total = its cum.
         fn = top["rows"][0]["name"]
