@@ -42,6 +42,10 @@ pub const ALPHA: f64 = 0.05;
 /// Fewer observations than this on a side: no test (p = 1).
 pub const MIN_OBSERVATIONS: usize = 3;
 
+/// At most this many (observation, stack) pairs per window are held: the
+/// memory a changes request may use is bounded whatever the data.
+pub const MAX_OBSERVATION_ROWS: usize = 10_000_000;
+
 /// Function names shared by both sides, interned to small indices.
 #[derive(Default)]
 pub struct Functions {
@@ -357,6 +361,13 @@ impl Querier {
                     )?
                     .collect()
                     .await?;
+                let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+                if rows > MAX_OBSERVATION_ROWS {
+                    return Err(QueryError::BadRequest(format!(
+                        "the window holds {rows} (observation, stack) pairs, over the limit of \
+                         {MAX_OBSERVATION_ROWS}: lower samples or narrow the range"
+                    )));
+                }
                 for b in &batches {
                     this.inner.metrics.rows.inc_by(b.num_rows() as u64);
                     let keys = b.column(0);

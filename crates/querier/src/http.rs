@@ -410,10 +410,16 @@ async fn changes(
         q.observations(&t, &ls, lr.start, lr.end, samples),
         q.observations(&t, &rs, rr.start, rr.end, samples)
     )?;
-    let mut fns = Functions::default();
-    let a = l.named(&mut fns);
-    let b = r.named(&mut fns);
-    let ranked = rank(&fns, &a, &b, dir);
+    // Naming and ranking are CPU work: off the I/O runtime.
+    let (l, r, a, b, ranked) = tokio::task::spawn_blocking(move || {
+        let mut fns = Functions::default();
+        let a = l.named(&mut fns);
+        let b = r.named(&mut fns);
+        let ranked = rank(&fns, &a, &b, dir);
+        (l, r, a, b, ranked)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("ranking changes: {e}")))?;
     let side = |w: &crate::changes::Window, o: &[crate::changes::Observation]| {
         json!({
             "total": o.iter().map(|x| x.total).sum::<i64>(),

@@ -46,8 +46,8 @@ use parking_lot::Mutex;
 
 pub use cache::{CacheConfig, CacheError, CachedStore};
 pub use changes::{
-    ALPHA, Change, Direction, Functions, MIN_OBSERVATIONS, Observation, Window, benjamini_hochberg,
-    mann_whitney, rank,
+    ALPHA, Change, Direction, Functions, MAX_OBSERVATION_ROWS, MIN_OBSERVATIONS, Observation,
+    Window, benjamini_hochberg, mann_whitney, rank,
 };
 pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;

@@ -271,7 +271,10 @@ mod tests {
             start_line: 12,
         };
         assert_eq!(frame_name(&f("main.run", "main.run", "")), "main.run");
-        assert_eq!(frame_name(&f("", "_ZN4core3fmt5write", "")), "_ZN4core3fmt5write");
+        assert_eq!(
+            frame_name(&f("", "_ZN4core3fmt5write", "")),
+            "_ZN4core3fmt5write"
+        );
         assert_eq!(frame_name(&f("", "", "src/main.rs")), "src/main.rs:12");
         assert_eq!(frame_name(&f("", "", "")), "?");
     }
