@@ -4,7 +4,8 @@
 //! - `ui_first_paint_day`: page load to a painted icicle graph for one day
 //!   of one service (8,640 real Kafka JVM CPU profiles at 10 s, as in the
 //!   macro benchmark's `jvm` day), median of 5 cold page loads;
-//! - `ui_first_paint_50k`: the same for a 50,000-node flame graph;
+//! - `ui_first_paint_50k`: the same for a 50,000-node flame graph (1,000
+//!   call chains 50 frames deep, every node wide enough to be drawn);
 //! - `ui_zoom_redraw_50k`: the time of a zoom redraw of that graph.
 //!
 //! Targets (design brief): first paint under 1 s for the day, redraw under
@@ -38,31 +39,16 @@ fn jvm_profiles() -> Vec<Vec<u8>> {
     files.iter().map(|p| std::fs::read(p).unwrap()).collect()
 }
 
-/// Folded stacks whose flame graph has `nodes` nodes: a tree of fan-out
-/// 10 with leaves of varied weight, so widths differ.
-fn wide_folded(nodes: usize) -> String {
+/// Folded stacks whose flame graph has `chains × depth` nodes under the
+/// root, every one of them wide enough to be drawn on a 1,400 px canvas:
+/// `chains` distinct call chains `depth` frames deep, with values 50..150.
+fn wide_folded(chains: usize, depth: usize) -> String {
     let mut out = String::new();
-    let mut count = 0usize;
-    let mut paths: Vec<String> = vec![String::new()];
-    while count < nodes {
-        let mut next = Vec::new();
-        for p in &paths {
-            for k in 0..10 {
-                if count >= nodes {
-                    break;
-                }
-                let name = format!("pkg{}/mod{}.fn_{count}", count % 37, k);
-                let path = if p.is_empty() {
-                    name
-                } else {
-                    format!("{p};{name}")
-                };
-                out.push_str(&format!("{path} {}\n", 1 + (count * 7919) % 97));
-                count += 1;
-                next.push(path);
-            }
-        }
-        paths = next;
+    for c in 0..chains {
+        let frames: Vec<String> = (0..depth)
+            .map(|d| format!("pkg{}/mod{}.fn_{c}_{d}", c % 37, d % 7))
+            .collect();
+        out.push_str(&format!("{} {}\n", frames.join(";"), 50 + (c * 7919) % 100));
     }
     out
 }
@@ -110,7 +96,7 @@ fn main() {
                 ("format", "folded"),
                 ("from", &(BASE_S + 3600).to_string()),
             ],
-            wide_folded(50_000).into_bytes(),
+            wide_folded(1000, 50).into_bytes(),
         )
         .unwrap();
     assert_eq!(s, 200, "{b}");
