@@ -50,8 +50,14 @@ def check(cond, msg):
 
 
 def shot(d, name):
+    """Screenshot of the whole page (up to 1,800 px tall) as OUT/name.png."""
     os.makedirs(OUT, exist_ok=True)
+    h = d.execute_script("return document.documentElement.scrollHeight")
+    d.set_window_size(1400, max(1000, min(h, 1800)))
+    time.sleep(0.2)
     d.save_screenshot(os.path.join(OUT, name + ".png"))
+    d.set_window_size(1400, 1000)
+    time.sleep(0.1)
 
 
 def widest_from_api(tree, n=5):
