@@ -114,7 +114,7 @@ struct Source {
 pub(crate) struct Plan {
     pub(crate) series: HashMap<Id, SeriesRow>,
     sources: Vec<Source>,
-    profiles: usize,
+    pub(crate) profiles: usize,
     period: i64,
 }
 
@@ -287,7 +287,7 @@ impl Querier {
         Ok(out.map(|df| (ctx, df)))
     }
 
-    async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl std::future::Future<Output = Result<T, QueryError>> + Send + 'static,
     ) -> Result<T, QueryError> {

@@ -26,6 +26,7 @@ pub fn router(q: Querier) -> axum::Router {
         .route("/api/v1/query_range", get(query_range))
         .route("/api/v1/query", get(query))
         .route("/api/v1/diff", get(diff))
+        .route("/api/v1/changes", get(changes))
         .with_state(q)
 }
 
@@ -366,4 +367,80 @@ async fn diff(
         }
         _ => Json(flamegraph(&rows, nodes).to_json()).into_response(),
     })
+}
+
+/// A bounded positive integer parameter.
+fn int_param(
+    p: &HashMap<String, String>,
+    name: &str,
+    default: usize,
+    min: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
+    let Some(s) = p.get(name) else {
+        return Ok(default);
+    };
+    match s.parse::<usize>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(ApiError::bad_request(format!(
+            "{name} {s:?} must be an integer between {min} and {max}"
+        ))),
+    }
+}
+
+/// What changed between two selections: functions ranked by the change of
+/// their share of the total, with a rank-test significance per function.
+async fn changes(
+    State(q): State<Querier>,
+    h: HeaderMap,
+    Query(p): Params,
+) -> Result<Response, ApiError> {
+    use crate::changes::{ALPHA, Direction, Functions, rank};
+    let t = tenant(&h)?;
+    let ((ls, lr), (rs, rr)) = diff_params(&q, &p)?;
+    let limit = int_param(&p, "limit", 100, 1, 10_000)?;
+    let samples = int_param(&p, "samples", 100, 3, 1000)?;
+    let dir = match p.get("direction") {
+        None => Direction::Slower,
+        Some(d) => Direction::parse(d).ok_or_else(|| {
+            ApiError::bad_request(format!("direction {d:?} is not one of slower, faster, any"))
+        })?,
+    };
+    let (l, r) = tokio::try_join!(
+        q.observations(&t, &ls, lr.start, lr.end, samples),
+        q.observations(&t, &rs, rr.start, rr.end, samples)
+    )?;
+    // Naming and ranking are CPU work: off the I/O runtime.
+    let (l, r, a, b, ranked) = tokio::task::spawn_blocking(move || {
+        let mut fns = Functions::default();
+        let a = l.named(&mut fns);
+        let b = r.named(&mut fns);
+        let ranked = rank(&fns, &a, &b, dir);
+        (l, r, a, b, ranked)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("ranking changes: {e}")))?;
+    let side = |w: &crate::changes::Window, o: &[crate::changes::Observation]| {
+        json!({
+            "total": o.iter().map(|x| x.total).sum::<i64>(),
+            "profiles": w.profiles,
+            "observations": o.len(),
+            "bucketed": w.bucketed,
+        })
+    };
+    let unit = ls
+        .profile_type
+        .as_ref()
+        .map(|pt| pt.sample_unit.clone())
+        .unwrap_or_default();
+    Ok(Json(json!({
+        "unit": unit,
+        "alpha": ALPHA,
+        "left": side(&l, &a),
+        "right": side(&r, &b),
+        "functions": ranked.len(),
+        "significant": ranked.iter().filter(|c| c.significant).count(),
+        "changes": &ranked[..ranked.len().min(limit)],
+    }))
+    .into_response())
 }

@@ -26,6 +26,7 @@
 //! flushed, or a block written twice after a crash).
 
 mod cache;
+mod changes;
 mod engine;
 mod executor;
 mod flight;
@@ -44,12 +45,16 @@ use object_store::ObjectStore;
 use parking_lot::Mutex;
 
 pub use cache::{CacheConfig, CacheError, CachedStore};
+pub use changes::{
+    ALPHA, Change, Direction, Functions, MAX_OBSERVATION_ROWS, MIN_OBSERVATIONS, Observation,
+    Window, benjamini_hochberg, mann_whitney, rank,
+};
 pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;
 pub use flight::{FathomFlight, flight_service};
 pub use http::router;
 pub use remote::FlightHeads;
-pub use render::{FlameNode, OTHER, TopRow, flamegraph, folded, folded_text, top};
+pub use render::{FlameNode, OTHER, TopRow, flamegraph, folded, folded_text, frame_name, top};
 pub use sql::{CATALOG, SCHEMA, SqlConfig, SqlError, SqlQuery, TABLES, table_schema};
 
 /// Errors while answering a query.

@@ -12,19 +12,35 @@ use serde::Serialize;
 
 /// Stacks as frame lists (root first) with one value per column; equal
 /// frame lists are summed, all-zero rows dropped, sorted by frames.
-/// Functions are shown under the names `go tool pprof` displays
-/// ([`fathom_pprof::display_name`]); pprof output keeps the full names.
+/// Functions are shown under [`frame_name`] (the names `go tool pprof`
+/// displays); pprof output keeps the full names.
 pub fn folded<const N: usize>(cols: [(&[(Id, i64)], &Symbols); N]) -> Vec<(Vec<String>, [i64; N])> {
     let mut acc: BTreeMap<Vec<String>, [i64; N]> = BTreeMap::new();
     for (c, (samples, symbols)) in cols.iter().enumerate() {
         for (stack, v) in samples.iter() {
-            let frames = symbols.frames_by(stack, fathom_pprof::display_name);
+            let frames = symbols.frames_by(stack, frame_name);
             acc.entry(frames).or_insert([0; N])[c] += *v;
         }
     }
     acc.into_iter()
         .filter(|(_, v)| v.iter().any(|x| *x != 0))
         .collect()
+}
+
+/// The name a frame is shown under: what `go tool pprof` displays
+/// ([`fathom_pprof::display_name`]); for a function with no name (some SDKs
+/// send those) its system name, else `file:line`, else `?`: never blank.
+pub fn frame_name(f: &fathom_model::Function) -> String {
+    let name = fathom_pprof::display_name(f);
+    if !name.is_empty() {
+        name
+    } else if !f.system_name.is_empty() {
+        f.system_name.clone()
+    } else if !f.filename.is_empty() {
+        format!("{}:{}", f.filename, f.start_line)
+    } else {
+        "?".to_owned()
+    }
 }
 
 /// Folded text: `root;…;leaf v1[ v2]` per line.
@@ -244,6 +260,23 @@ mod tests {
             r("main;d", 1),
             r("other_root;x", 3),
         ]
+    }
+
+    #[test]
+    fn a_nameless_frame_is_never_blank() {
+        let f = |name: &str, system: &str, file: &str| fathom_model::Function {
+            name: name.into(),
+            system_name: system.into(),
+            filename: file.into(),
+            start_line: 12,
+        };
+        assert_eq!(frame_name(&f("main.run", "main.run", "")), "main.run");
+        assert_eq!(
+            frame_name(&f("", "_ZN4core3fmt5write", "")),
+            "_ZN4core3fmt5write"
+        );
+        assert_eq!(frame_name(&f("", "", "src/main.rs")), "src/main.rs:12");
+        assert_eq!(frame_name(&f("", "", "")), "?");
     }
 
     #[test]

@@ -234,6 +234,7 @@ pub async fn run_all(
     let app = axum::Router::new()
         .merge(fathom_distributor::router(distributor))
         .merge(fathom_querier::router(querier))
+        .merge(fathom_ui::router())
         .merge(grpc);
     let about = format!(
         "data in {} (blocks in {}); authentication off: every client may read and write \

@@ -129,5 +129,6 @@ pub async fn querier_app(
         .into_axum_router();
     Ok(axum::Router::new()
         .merge(fathom_querier::router(q))
+        .merge(fathom_ui::router())
         .merge(grpc))
 }

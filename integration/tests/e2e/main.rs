@@ -11,3 +11,4 @@ mod docs_examples;
 mod flight;
 mod pyroscope_client;
 mod startup;
+mod ui;

@@ -1,0 +1,89 @@
+// The metrics graph: one line per series of query_range, a time axis, and
+// drag-to-select a range (which becomes the range the graphs below merge).
+
+import { formatValue, esc } from "./format.js";
+
+const PAD = { l: 64, r: 12, t: 8, b: 22 };
+const COLOURS = ["#3b6fd8", "#d8553b", "#2d9d5a", "#9b4fd0", "#c79a1c", "#1c9cc7", "#c71c7a", "#666"];
+
+/** Draws `series` ([{labels, points: [[ms, v]]}]) on `canvas` between
+ * `start` and `end` (ms); `onSelect(fromMs, toMs)` is called after a drag. */
+export function drawChart(canvas, legend, series, start, end, unit, onSelect) {
+  const dpr = window.devicePixelRatio || 1;
+  const box = canvas.parentElement;
+  const cs = getComputedStyle(box);
+  const W = box.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) || 800;
+  const H = 140;
+  canvas.style.width = W + "px";
+  canvas.style.height = H + "px";
+  canvas.width = W * dpr;
+  canvas.height = H * dpr;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, W, H);
+  let max = 0;
+  for (const s of series) for (const [, v] of s.points) max = Math.max(max, v);
+  max = max || 1;
+  const x = (t) => PAD.l + ((t - start) / Math.max(end - start, 1)) * (W - PAD.l - PAD.r);
+  const y = (v) => H - PAD.b - (v / max) * (H - PAD.t - PAD.b);
+  // Axes and grid.
+  ctx.strokeStyle = "#ddd";
+  ctx.fillStyle = "#666";
+  ctx.font = "11px system-ui, sans-serif";
+  for (let k = 0; k <= 2; k++) {
+    const v = (max * k) / 2;
+    ctx.beginPath();
+    ctx.moveTo(PAD.l, y(v));
+    ctx.lineTo(W - PAD.r, y(v));
+    ctx.stroke();
+    ctx.fillText(formatValue(Math.round(v), unit), 4, y(v) + 4);
+  }
+  const span = end - start;
+  for (let k = 0; k <= 4; k++) {
+    const t = start + (span * k) / 4;
+    const d = new Date(t);
+    const label = span > 2 * 86400e3 ? d.toLocaleDateString() : d.toLocaleTimeString();
+    ctx.fillText(label, Math.min(x(t) - 20, W - 70), H - 6);
+  }
+  series.forEach((s, i) => {
+    ctx.strokeStyle = COLOURS[i % COLOURS.length];
+    ctx.lineWidth = 1.5;
+    ctx.beginPath();
+    s.points.forEach(([t, v], k) => (k ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
+    ctx.stroke();
+    if (s.points.length === 1) {
+      const [t, v] = s.points[0];
+      ctx.fillStyle = ctx.strokeStyle;
+      ctx.fillRect(x(t) - 2, y(v) - 2, 4, 4);
+    }
+  });
+  legend.innerHTML = series
+    .slice(0, 20)
+    .map((s, i) => {
+      const l = Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).join(", ") || "all";
+      return `<span><i style="background:${COLOURS[i % COLOURS.length]}"></i>${esc(l)}</span>`;
+    })
+    .join("");
+  // Drag to select: the canvas keeps one handler set, replaced on redraw.
+  const image = ctx.getImageData(0, 0, canvas.width, canvas.height);
+  const toTime = (px) => start + ((px - PAD.l) / (W - PAD.l - PAD.r)) * span;
+  let from = null;
+  canvas.onmousedown = (e) => {
+    from = e.offsetX;
+  };
+  canvas.onmousemove = (e) => {
+    if (from === null) return;
+    ctx.putImageData(image, 0, 0);
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.fillStyle = "rgba(59,111,216,0.18)";
+    ctx.fillRect(Math.min(from, e.offsetX), PAD.t, Math.abs(e.offsetX - from), H - PAD.t - PAD.b);
+  };
+  canvas.onmouseup = (e) => {
+    if (from === null) return;
+    const a = Math.min(from, e.offsetX);
+    const b = Math.max(from, e.offsetX);
+    from = null;
+    if (b - a >= 3) onSelect(Math.round(toTime(a)), Math.round(toTime(b)));
+    else ctx.putImageData(image, 0, 0);
+  };
+}
