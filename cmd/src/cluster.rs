@@ -81,8 +81,13 @@ impl NodeArgs {
             Some((i, t)) => (Some(i), t),
             None => (None, Duration::ZERO),
         };
+        let ui = if role.as_str() == "querier" {
+            "open it in a browser for the UI; "
+        } else {
+            ""
+        };
         let about = format!(
-            "{} of the cluster whose metastore is {}",
+            "{ui}{} of the cluster whose metastore is {}",
             role.as_str(),
             self.metastore.join(",")
         );

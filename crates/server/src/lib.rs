@@ -237,8 +237,8 @@ pub async fn run_all(
         .merge(fathom_ui::router())
         .merge(grpc);
     let about = format!(
-        "data in {} (blocks in {}); authentication off: every client may read and write \
-         every tenant (for a laptop, or behind a trusted proxy)",
+        "open it in a browser for the UI; data in {} (blocks in {}); authentication off: \
+         every client may read and write every tenant (for a laptop, or behind a trusted proxy)",
         cfg.data_dir.display(),
         cfg.store.describe(&cfg.data_dir)
     );

@@ -37,6 +37,7 @@ fn default_start_up_log_is_fathoms_own_and_says_what_to_open() {
     );
     assert!(ready.contains(&dir.path().display().to_string()), "{ready}");
     assert!(ready.contains("authentication off"), "{ready}");
+    assert!(ready.contains("for the UI"), "{ready}");
     // Start-up fits on a screen.
     let before_ready = lines.iter().position(|l| l == ready).unwrap() + 1;
     assert!(
