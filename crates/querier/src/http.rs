@@ -12,7 +12,7 @@ use fathom_model::{Selector, TenantId};
 use serde_json::json;
 
 use crate::Querier;
-use crate::render::{flamegraph, folded, folded_text, top};
+use crate::render::{flamegraph, folded, folded_for_display, folded_text, top};
 
 type Params = Query<HashMap<String, String>>;
 
@@ -294,7 +294,12 @@ async fn query(
         )
             .into_response());
     }
-    let rows = folded([(&m.samples[..], &m.symbols)]);
+    let cols = [(&m.samples[..], &m.symbols)];
+    let rows = if format == "folded" {
+        folded(cols)
+    } else {
+        folded_for_display(cols)
+    };
     Ok(match format {
         "folded" => text(folded_text(&rows)),
         "top" => {
@@ -348,7 +353,12 @@ async fn diff(
         q.merge(&t, &ls, lr.start, lr.end),
         q.merge(&t, &rs, rr.start, rr.end)
     )?;
-    let rows = folded([(&l.samples[..], &l.symbols), (&r.samples[..], &r.symbols)]);
+    let cols = [(&l.samples[..], &l.symbols), (&r.samples[..], &r.symbols)];
+    let rows = if format == "folded" {
+        folded(cols)
+    } else {
+        folded_for_display(cols)
+    };
     Ok(match format {
         "folded" => text(folded_text(&rows)),
         "top" => {

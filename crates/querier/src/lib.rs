@@ -54,7 +54,9 @@ pub use executor::Executor;
 pub use flight::{FathomFlight, flight_service};
 pub use http::router;
 pub use remote::FlightHeads;
-pub use render::{FlameNode, OTHER, TopRow, flamegraph, folded, folded_text, frame_name, top};
+pub use render::{
+    FlameNode, OTHER, TopRow, flamegraph, folded, folded_for_display, folded_text, frame_name, top,
+};
 pub use sql::{CATALOG, SCHEMA, SqlConfig, SqlError, SqlQuery, TABLES, table_schema};
 
 /// Errors while answering a query.

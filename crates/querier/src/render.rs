@@ -12,13 +12,30 @@ use serde::Serialize;
 
 /// Stacks as frame lists (root first) with one value per column; equal
 /// frame lists are summed, all-zero rows dropped, sorted by frames.
-/// Functions are shown under [`frame_name`] (the names `go tool pprof`
-/// displays); pprof output keeps the full names.
+/// Functions are named as `go tool pprof` displays them
+/// ([`fathom_pprof::display_name`], an unnamed function stays empty), so
+/// that folded text and Flight answers equal `go tool pprof -raw`; pprof
+/// output keeps the full names.
 pub fn folded<const N: usize>(cols: [(&[(Id, i64)], &Symbols); N]) -> Vec<(Vec<String>, [i64; N])> {
+    folded_by(cols, fathom_pprof::display_name)
+}
+
+/// As [`folded`], with every frame under [`frame_name`] (never blank): for
+/// what people look at (top tables, flame graphs).
+pub fn folded_for_display<const N: usize>(
+    cols: [(&[(Id, i64)], &Symbols); N],
+) -> Vec<(Vec<String>, [i64; N])> {
+    folded_by(cols, frame_name)
+}
+
+fn folded_by<const N: usize>(
+    cols: [(&[(Id, i64)], &Symbols); N],
+    name: fn(&fathom_model::Function) -> String,
+) -> Vec<(Vec<String>, [i64; N])> {
     let mut acc: BTreeMap<Vec<String>, [i64; N]> = BTreeMap::new();
     for (c, (samples, symbols)) in cols.iter().enumerate() {
         for (stack, v) in samples.iter() {
-            let frames = symbols.frames_by(stack, frame_name);
+            let frames = symbols.frames_by(stack, name);
             acc.entry(frames).or_insert([0; N])[c] += *v;
         }
     }
