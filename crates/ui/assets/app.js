@@ -54,9 +54,11 @@ function emptyState(s) {
     <p>Send some, then pick a longer range if needed:</p>
     <h4>The eBPF agent (every process on a Linux host, no code changes)</h4>
     <pre>sudo fathom agent --remote ${esc(host)}${s.tenant ? " --tenant " + esc(s.tenant) : ""}</pre>
-    <h4>A pprof file, with curl</h4>
-    <pre>curl${esc(tenant)} -X POST --data-binary @cpu.pb.gz \\
-  '${esc(host)}/ingest?name=myapp.cpu{env=prod}&amp;format=pprof'</pre>
+    <h4>With curl: folded stacks, or a pprof file</h4>
+    <pre>printf 'main;handler;json.Marshal 42\\nmain;gc 7\\n' |
+  curl -g${esc(tenant)} --data-binary @- '${esc(host)}/ingest?name=myapp.cpu{env=prod}&amp;format=folded'
+
+curl -g${esc(tenant)} --data-binary @cpu.pb.gz '${esc(host)}/ingest?name=myapp.cpu{env=prod}&amp;format=pprof'</pre>
     <h4>Any Pyroscope SDK</h4>
     <pre>server address: ${esc(host)}    (e.g. Go: pyroscope.Config{ServerAddress: "${esc(host)}"})</pre>
   </div>`;
