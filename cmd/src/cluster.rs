@@ -81,7 +81,26 @@ impl NodeArgs {
             Some((i, t)) => (Some(i), t),
             None => (None, Duration::ZERO),
         };
-        let r = fathom_server::serve(self.listen, registry, app, ingester, flush, shutdown).await;
+        let ui = if role.as_str() == "querier" {
+            "open it in a browser for the UI; "
+        } else {
+            ""
+        };
+        let about = format!(
+            "{ui}{} of the cluster whose metastore is {}",
+            role.as_str(),
+            self.metastore.join(",")
+        );
+        let r = fathom_server::serve(
+            self.listen,
+            registry,
+            app,
+            ingester,
+            flush,
+            &about,
+            shutdown,
+        )
+        .await;
         hb.abort();
         r.with_context(|| format!("serving the {}", role.as_str()))
     }
@@ -124,7 +143,7 @@ pub(crate) async fn metastore(
         node_id: a.node_id,
         listen: a.listen,
         advertise,
-        data_dir: a.data_dir,
+        data_dir: a.data_dir.clone(),
         peers,
         heartbeat_timeout: a.member_timeout,
         serve: false,
@@ -137,9 +156,22 @@ pub(crate) async fn metastore(
     node.register_metrics(&mut registry);
     let app = node.routes().into_axum_router();
     tracing::info!(node = node.node_id(), "metastore node started");
-    fathom_server::serve(a.listen, registry, app, None, Duration::ZERO, shutdown)
-        .await
-        .context("serving the metastore")?;
+    let about = format!(
+        "metastore node {}, Raft data in {}",
+        node.node_id(),
+        a.data_dir.display()
+    );
+    fathom_server::serve(
+        a.listen,
+        registry,
+        app,
+        None,
+        Duration::ZERO,
+        &about,
+        shutdown,
+    )
+    .await
+    .context("serving the metastore")?;
     node.shutdown().await;
     Ok(())
 }

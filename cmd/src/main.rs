@@ -298,23 +298,13 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => b.init(),
-        LogFormat::Json => b.json().init(),
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Agent(_)) {
         alloc::use_mimalloc();
     }
-    init_logging(cli.log_format);
+    fathom_agent::init_logging(matches!(cli.log_format, LogFormat::Json));
     match cli.command {
         Command::All(a) => {
             let cfg = a.config();

@@ -265,16 +265,22 @@ fn series(f: &Fathom, selector: &str) -> Vec<BTreeMap<String, String>> {
         .unwrap_or_default()
 }
 
+/// The selector of one process incarnation: its pid and its `comm`, since
+/// a sample of the forked parent before the exec has the same pid.
+fn process(pid: u32, comm: &str) -> String {
+    format!("{CPU}{{pid=\"{pid}\",comm=\"{comm}\"}}")
+}
+
 /// The hot function holds at least 80% of its process's CPU samples, with
 /// its callers in order below it.
 fn assert_hot(
     f: &Fathom,
-    pid: u32,
+    (pid, comm): (u32, &str),
     leaf: &str,
     chain: &str,
     within: Duration,
 ) -> BTreeMap<String, i64> {
-    let sel = format!("{CPU}{{pid=\"{pid}\"}}");
+    let sel = process(pid, comm);
     eventually(within, || {
         let s = folded(f, &sel);
         let t = total(&s);
@@ -333,20 +339,20 @@ relabel_configs:
     let budget = Duration::from_secs(30);
     assert_hot(
         &f,
-        c.pid(),
+        (c.pid(), "hotc"),
         ";hot_function",
         "main;outer_caller;middle_caller;hot_function",
         budget.saturating_sub(t0.elapsed()),
     );
     assert_hot(
         &f,
-        rs.pid(),
+        (rs.pid(), "hotrs"),
         ";hot::rust_hot",
         "hot::main;hot::rust_outer;hot::rust_middle;hot::rust_hot",
         budget.saturating_sub(t0.elapsed()),
     );
 
-    let labels = series(&f, &format!("{CPU}{{pid=\"{}\"}}", c.pid()));
+    let labels = series(&f, &process(c.pid(), "hotc"));
     assert_eq!(labels.len(), 1, "{labels:?}");
     let l = &labels[0];
     assert_eq!(l.get("node").map(String::as_str), Some("e2e-node"));
@@ -357,7 +363,7 @@ relabel_configs:
     assert_eq!(l.get("team").map(String::as_str), Some("e2e-c"));
 
     // The dropped process is not there at all, and the kernel skipped it.
-    assert!(series(&f, &format!("{CPU}{{pid=\"{}\"}}", d.pid())).is_empty());
+    assert!(series(&f, &process(d.pid(), "hotdrop")).is_empty());
     assert!(agent.metric("fathom_agent_bpf_excluded_total") > 0.0);
     assert_eq!(agent.metric("fathom_agent_samples_lost_total"), 0.0);
 }
@@ -369,7 +375,7 @@ fn agent_shows_kernel_frames_of_a_syscall_heavy_process() {
     let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
     let _agent = Agent::start(&f, dir.path(), &["--push-interval", "5s"]);
     let w = Workload::spawn(Command::new(&hotc).args(["syscall", "60"]));
-    let sel = format!("{CPU}{{pid=\"{}\"}}", w.pid());
+    let sel = process(w.pid(), "hotsys");
     eventually(Duration::from_secs(30), || {
         let s = folded(&f, &sel);
         let t = total(&s);
@@ -397,7 +403,7 @@ fn agent_keeps_a_process_that_exits_between_pushes() {
     assert!(w.0.wait().unwrap().success());
     assert_hot(
         &f,
-        pid,
+        (pid, "hotshort"),
         ";hot_function",
         "main;outer_caller;middle_caller;hot_function",
         Duration::from_secs(30),
@@ -418,7 +424,7 @@ fn agent_symbolizes_node_jit_frames_from_the_perf_map() {
             .current_dir(dir.path()),
     );
     let perf_map = format!("/tmp/perf-{}.map", w.pid());
-    let sel = format!("{CPU}{{pid=\"{}\"}}", w.pid());
+    let sel = process(w.pid(), "node");
     eventually(Duration::from_secs(40), || {
         let s = folded(&f, &sel);
         let t = total(&s);

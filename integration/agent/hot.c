@@ -6,6 +6,9 @@
  *   hotc cpu <seconds>      spins in hot_function, called as
  *                           main -> outer_caller -> middle_caller -> hot_function
  *   hotc syscall <seconds>  writes to /dev/null in a loop (kernel time)
+ *   hotc exec <seconds> <program> <args...>
+ *                           spins as `cpu` does, then replaces itself with
+ *                           <program> (same pid, new comm)
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -63,8 +66,11 @@ __attribute__((noinline)) void syscall_loop(double until)
 
 int main(int argc, char **argv)
 {
-	if (argc != 3) {
-		fprintf(stderr, "usage: %s cpu|syscall <seconds>\n", argv[0]);
+	int exec_after = argc >= 4 && strcmp(argv[1], "exec") == 0;
+	if (argc != 3 && !exec_after) {
+		fprintf(stderr,
+			"usage: %s cpu|syscall <seconds> | exec <seconds> <program> <args...>\n",
+			argv[0]);
 		return 2;
 	}
 	double until = now() + atof(argv[2]);
@@ -76,5 +82,10 @@ int main(int argc, char **argv)
 	while (now() < until)
 		n = outer_caller(n);
 	sink = n;
+	if (exec_after) {
+		execv(argv[3], argv + 3);
+		perror("execv");
+		return 1;
+	}
 	return 0;
 }

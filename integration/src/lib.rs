@@ -64,11 +64,23 @@ pub struct Fathom {
     pub http: reqwest::blocking::Client,
     log: PathBuf,
     extra: Vec<String>,
+    /// `RUST_LOG` for the process; `None` leaves it unset (the default
+    /// filter a user gets).
+    rust_log: Option<String>,
 }
 
 impl Fathom {
     /// Starts `fathom all` on a free loopback port with `data_dir`.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Result<Fathom> {
+        Self::start_logging(data_dir, extra, Some("info"))
+    }
+
+    /// As [`Fathom::start`], with `RUST_LOG` set to `rust_log`, or unset.
+    pub fn start_logging(
+        data_dir: &Path,
+        extra: &[&str],
+        rust_log: Option<&str>,
+    ) -> Result<Fathom> {
         let mut f = Fathom {
             child: None,
             port: free_port(),
@@ -78,6 +90,7 @@ impl Fathom {
                 .build()?,
             log: data_dir.join("fathom.log"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            rust_log: rust_log.map(str::to_owned),
         };
         f.spawn()?;
         Ok(f)
@@ -96,14 +109,18 @@ impl Fathom {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        match &self.rust_log {
+            Some(l) => cmd.env("RUST_LOG", l),
+            None => cmd.env_remove("RUST_LOG"),
+        };
+        let child = cmd
             .arg("all")
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.extra)
-            .env("RUST_LOG", "info")
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()

@@ -59,6 +59,28 @@ pub use ship::ShipError;
 
 /// An error with its sources, `: `-joined, for log fields (the error types
 /// here keep causes as sources rather than in their own message).
+/// What both binaries (`fathom` and `fathom-agent`) log when `RUST_LOG` is
+/// not set: Fathom's own lines at `info`, every dependency at `warn` (Raft's
+/// vote changes, cache builders and HTTP internals stay quiet).
+pub const DEFAULT_LOG_FILTER: &str = "warn,fathom=info";
+
+/// Installs the process's logger: `RUST_LOG` when set (and valid), else
+/// [`DEFAULT_LOG_FILTER`]; lines as text, or as JSON objects with `json`.
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    // Colours only on a terminal: a file or journald gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
+    if json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+}
+
 pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();

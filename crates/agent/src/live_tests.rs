@@ -333,9 +333,39 @@ fn build_workload(dir: &std::path::Path, what: &str) -> std::path::PathBuf {
 /// Folded stacks and the labels of one process's profile.
 type ChildProfile = (Vec<(String, i64)>, Vec<(String, String)>);
 
-/// Samples the whole host at `hz` while `cmd` runs, and returns the folded
-/// stacks of the child's pid (with the profile's labels).
-fn profile_child(mut cmd: std::process::Command, hz: u64) -> ChildProfile {
+/// One incarnation of a process (a pid between two execs): its `comm`,
+/// its folded stacks and its profile's labels.
+#[derive(Debug)]
+struct Incarnation {
+    comm: String,
+    stacks: Vec<(String, i64)>,
+    labels: Vec<(String, String)>,
+}
+
+/// Every incarnation of the child's pid that was sampled: the forked copy
+/// of the test process before its exec may be sampled too (a 98 MB `node`
+/// takes long enough to exec for a 199 Hz sample to land in `execve`).
+#[derive(Debug)]
+struct ChildProfiles(Vec<Incarnation>);
+
+impl ChildProfiles {
+    /// The incarnation whose `comm` is `comm` (the program the test ran),
+    /// or an empty one when that program was never sampled.
+    fn of(&self, comm: &str) -> ChildProfile {
+        match self.0.iter().find(|i| i.comm == comm) {
+            Some(i) => (i.stacks.clone(), i.labels.clone()),
+            None => {
+                let seen: Vec<_> = self.0.iter().map(|i| i.comm.as_str()).collect();
+                eprintln!("no profile with comm {comm:?}; the pid's profiles have {seen:?}");
+                (Vec::new(), Vec::new())
+            }
+        }
+    }
+}
+
+/// Samples the whole host at `hz` while `cmd` runs, and returns the
+/// profiles of the child's pid, one per incarnation.
+fn profile_child(mut cmd: std::process::Command, hz: u64) -> ChildProfiles {
     let _serial = serial();
     let mut p = load(hz, None);
     let mut reg = Registry::default();
@@ -374,19 +404,29 @@ fn profile_child(mut cmd: std::process::Command, hz: u64) -> ChildProfile {
     while let Some(item) = p.ring.next() {
         c.on_event(&parse_event(&item).unwrap());
     }
-    let profiles = c.take_profiles();
-    let Some(r) = profiles
+    let incarnations = c
+        .take_profiles()
         .iter()
-        .find(|r| r.labels.iter().any(|l| l.name == "pid" && l.value == pid))
-    else {
-        return (Vec::new(), Vec::new());
-    };
-    let labels = r
-        .labels
-        .iter()
-        .map(|l| (l.name.clone(), l.value.clone()))
+        .filter(|r| r.labels.iter().any(|l| l.name == "pid" && l.value == pid))
+        .map(|r| {
+            let labels: Vec<(String, String)> = r
+                .labels
+                .iter()
+                .map(|l| (l.name.clone(), l.value.clone()))
+                .collect();
+            let comm = labels
+                .iter()
+                .find(|(k, _)| k == "comm")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            Incarnation {
+                comm,
+                stacks: folded(&decode(&r.pprof, 1 << 26).unwrap()),
+                labels,
+            }
+        })
         .collect();
-    (folded(&decode(&r.pprof, 1 << 26).unwrap()), labels)
+    ChildProfiles(incarnations)
 }
 
 fn share(stacks: &[(String, i64)], pred: impl Fn(&str) -> bool) -> (i64, i64) {
@@ -401,7 +441,7 @@ fn c_workload_hot_function_with_callers_in_order() {
     let bin = build_workload(dir.path(), "c");
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(["cpu", "3"]);
-    let (stacks, labels) = profile_child(cmd, 199);
+    let (stacks, labels) = profile_child(cmd, 199).of("hotc");
     let (hot, total) = share(&stacks, |s| s.ends_with(";hot_function"));
     assert!(total > 150, "{total} samples: {stacks:#?}");
     assert!(
@@ -427,7 +467,7 @@ fn rust_workload_hot_function_with_callers_in_order() {
     let bin = build_workload(dir.path(), "rust");
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("3");
-    let (stacks, _) = profile_child(cmd, 199);
+    let (stacks, _) = profile_child(cmd, 199).of("hotrs");
     // rust_hot on the stack, called by rust_middle; frames inlined into it
     // (black_box, the range iterator) may follow.
     let (hot, total) = share(&stacks, |s| s.contains(";hot::rust_middle;hot::rust_hot"));
@@ -451,7 +491,7 @@ fn syscall_workload_shows_kernel_frames() {
     let bin = build_workload(dir.path(), "c");
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(["syscall", "3"]);
-    let (stacks, _) = profile_child(cmd, 199);
+    let (stacks, _) = profile_child(cmd, 199).of("hotc");
     // libc's write has no frame pointer, so its caller (syscall_loop) is
     // skipped by frame-pointer unwinding: main is the frame below it.
     let (kernel, total) = share(&stacks, |s| {
@@ -471,13 +511,43 @@ fn short_lived_process_is_symbolized() {
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(["cpu", "0.3"]);
     // The collector only looks at the process after it exited.
-    let (stacks, _) = profile_child(cmd, 199);
+    let (stacks, _) = profile_child(cmd, 199).of("hotc");
     let (hot, total) = share(&stacks, |s| s.ends_with(";hot_function"));
     assert!(total > 10, "{total} samples: {stacks:#?}");
     assert!(
         hot * 100 >= total * 70,
         "hot_function {hot} of {total}: {stacks:#?}"
     );
+}
+
+#[test]
+fn exec_keeps_both_incarnations_of_a_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let hotc = build_workload(dir.path(), "c");
+    // The same program under another name: its comm tells the incarnation
+    // before the exec from the one after.
+    let before = dir.path().join("hotpre");
+    std::fs::copy(&hotc, &before).unwrap();
+    let mut cmd = std::process::Command::new(&before);
+    cmd.args(["exec", "1.5"]).arg(&hotc).args(["cpu", "1.5"]);
+    let profiles = profile_child(cmd, 199);
+    // 199 Hz for 1.5 s is about 300 samples each; a quarter of that is
+    // what a loaded 2-core machine still gives.
+    for comm in ["hotpre", "hotc"] {
+        let (stacks, labels) = profiles.of(comm);
+        let (hot, total) = share(&stacks, |s| s.ends_with(";hot_function"));
+        assert!(total > 75, "{comm}: {total} samples: {profiles:#?}");
+        assert!(
+            hot * 100 >= total * 80,
+            "{comm}: hot_function {hot} of {total}: {stacks:#?}"
+        );
+        let exe = labels
+            .iter()
+            .find(|(k, _)| k == "executable")
+            .map(|(_, v)| v.as_str());
+        let want = if comm == "hotc" { &hotc } else { &before };
+        assert_eq!(exe, want.to_str(), "{comm}: {labels:?}");
+    }
 }
 
 #[test]
@@ -494,7 +564,7 @@ fn node_jit_frames_come_from_the_perf_map() {
     cmd.arg("--perf-basic-prof").arg(&script).arg("4");
     cmd.current_dir(dir.path());
     cmd.stdout(std::process::Stdio::null());
-    let (stacks, labels) = profile_child(cmd, 199);
+    let (stacks, labels) = profile_child(cmd, 199).of("node");
     if let Some((_, pid)) = labels.iter().find(|(k, _)| k == "pid") {
         let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     }

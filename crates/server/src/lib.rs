@@ -24,6 +24,7 @@
 //! it outlives the public one — then stop the compactor and the metastore.
 
 mod cluster;
+mod explain;
 mod roles;
 mod store;
 
@@ -235,12 +236,19 @@ pub async fn run_all(
         .merge(fathom_querier::router(querier))
         .merge(fathom_ui::router())
         .merge(grpc);
+    let about = format!(
+        "open it in a browser for the UI; data in {} (blocks in {}); authentication off: \
+         every client may read and write every tenant (for a laptop, or behind a trusted proxy)",
+        cfg.data_dir.display(),
+        cfg.store.describe(&cfg.data_dir)
+    );
     let served = serve(
         cfg.listen,
         registry,
         app,
         Some(ingester),
         cfg.shutdown_flush_timeout,
+        &about,
         shutdown,
     )
     .await;
@@ -248,6 +256,16 @@ pub async fn run_all(
     let _ = compacting.await;
     meta.shutdown().await;
     served
+}
+
+/// The URL a person on this machine opens for `local`: `localhost` for a
+/// wildcard or loopback address.
+fn http_url(local: SocketAddr) -> String {
+    if local.ip().is_unspecified() || local.ip().is_loopback() {
+        format!("http://localhost:{}", local.port())
+    } else {
+        format!("http://{local}")
+    }
 }
 
 /// Fills an empty metastore from the bucket once: a data directory from
@@ -278,13 +296,16 @@ async fn import_blocks(
 
 /// One process's port: the roles' routes plus `/ready`, `/health`,
 /// `/metrics`; ready once bound (and, with an ingester, its WAL replayed);
-/// on shutdown, drains requests and flushes the ingester's heads.
+/// on shutdown, drains requests and flushes the ingester's heads. The ready
+/// line gives the URL to open and `about` (what a person needs to know next:
+/// where the data is, whether clients must authenticate).
 pub async fn serve(
     listen: SocketAddr,
     registry: Registry,
     app: axum::Router,
     ingester: Option<Arc<Ingester>>,
     shutdown_flush_timeout: Duration,
+    about: &str,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let shared = Arc::new(Shared {
@@ -298,6 +319,12 @@ pub async fn serve(
         .with_state(shared.clone())
         .merge(app)
         .fallback(not_found);
+    // Around the whole router, so that it sees what routing adds (the
+    // `Allow` header of a 405).
+    let app = axum::Router::new().fallback_service(tower::Layer::layer(
+        &axum::middleware::from_fn(explain::json_errors),
+        app,
+    ));
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| Error::Io {
@@ -313,8 +340,12 @@ pub async fn serve(
         .clone()
         .map(|i| tokio::spawn(i.run_flush_loop(stop_rx)));
     shared.ready.store(true, Ordering::Release);
-    tracing::info!(listen = %local, "fathom is ready: HTTP and gRPC on one port");
-    axum::serve(listener, app)
+    tracing::info!(
+        listen = %local,
+        "fathom is ready at {} (HTTP, gRPC and Flight SQL on this port); {about}",
+        http_url(local)
+    );
+    axum::serve(explain::Listener(listener), app)
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|source| Error::Io {

@@ -67,6 +67,7 @@ async fn spawn(
             app,
             ingester,
             Duration::from_secs(60),
+            "a test process",
             async {
                 let _ = rx.await;
             },

@@ -268,3 +268,97 @@ fn grpc_push_is_all_or_nothing() {
     assert!(!series.is_empty());
     assert!(series.iter().all(|s| s["service_name"] == "pushed"), "{v}");
 }
+
+/// Sends `request` as is on a new connection and returns the status and
+/// body of the answer (hyper closes the connection after refusing).
+fn raw(f: &Fathom, request: &[u8]) -> (u16, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", f.port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    // The server closes after an error; a reset after the answer is fine.
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, body.to_owned())
+}
+
+#[test]
+fn requests_refused_before_a_handler_get_json_that_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Fathom::start(dir.path(), &[]).unwrap();
+    let error = |what: &str, (status, body): (u16, String)| -> String {
+        assert_4xx(what, status, &body);
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+
+    // The README's old example: a raw `"` in the query, refused by the HTTP
+    // parser.
+    let e = error(
+        "raw quote",
+        raw(
+            &f,
+            b"GET /api/v1/query?query=process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"myapp\"}&format=top HTTP/1.1\r\nhost: x\r\n\r\n",
+        ),
+    );
+    assert!(e.contains("`\"`") && e.contains("percent-encode"), "{e}");
+    // A space in the URL.
+    let e = error(
+        "space",
+        raw(
+            &f,
+            b"GET /api/v1/series?query=a b HTTP/1.1\r\nhost: x\r\n\r\n",
+        ),
+    );
+    assert!(e.contains("URL"), "{e}");
+    // Oversized headers.
+    let mut big = b"GET /ready HTTP/1.1\r\nhost: x\r\n".to_vec();
+    for i in 0..200 {
+        big.extend_from_slice(format!("x-filler-{i}: {}\r\n", "a".repeat(4000)).as_bytes());
+    }
+    big.extend_from_slice(b"\r\n");
+    let (status, body) = raw(&f, &big);
+    assert_eq!(status, 431, "{body}");
+    let e = error("headers", (status, body));
+    assert!(e.contains("headers"), "{e}");
+    // Not HTTP at all.
+    let e = error("garbage", raw(&f, b"\x01\x02 hello\r\n\r\n"));
+    assert!(e.contains("malformed"), "{e}");
+
+    // Refusals of axum's extractors and router, in the same shape.
+    let e = error(
+        "bad percent-encoding",
+        raw(
+            &f,
+            b"GET /api/v1/label/%ff%fe/values HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        ),
+    );
+    assert!(!e.is_empty(), "{e}");
+    let e = error(
+        "method",
+        raw(
+            &f,
+            b"DELETE /api/v1/query HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        ),
+    );
+    assert!(e.contains("does not take DELETE: use GET"), "{e}");
+
+    // A well-formed request on the same server is still answered.
+    let (status, body) = raw(
+        &f,
+        b"GET /ready HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200, "{body}");
+}

@@ -7,6 +7,8 @@ mod bad_input;
 mod blocks;
 mod cluster;
 mod corpus;
+mod docs_examples;
 mod flight;
 mod pyroscope_client;
+mod startup;
 mod ui;

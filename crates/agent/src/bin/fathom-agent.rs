@@ -27,13 +27,6 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
-    if cli.log_format == "json" {
-        logs.json().init();
-    } else {
-        logs.init();
-    }
+    fathom_agent::init_logging(cli.log_format == "json");
     fathom_agent::run_until_signal(cli.agent).await
 }
