@@ -35,6 +35,18 @@ function cached(key, load) {
 }
 const json = (path, params) => cached(apiUrl(path, params), () => getJson(path, params));
 
+// Flattened trees by answer object: re-rendering the same answer (zoom,
+// search) does not flatten it again.
+const flatCache = new WeakMap();
+function flat(tree, diff) {
+  let f = flatCache.get(tree);
+  if (!f) {
+    f = flatten(tree, diff);
+    flatCache.set(tree, f);
+  }
+  return f;
+}
+
 let icicles = [];
 let renderSeq = 0;
 
@@ -124,7 +136,7 @@ async function renderView(s, my) {
   const tree = await json("/api/v1/query", flameParams(s));
   if (my !== renderSeq) return;
   if (s.view === "sandwich") {
-    const names = [...new Set(flatten(tree).name)].sort();
+    const names = [...new Set(flat(tree, false).name)].sort();
     icicles = renderSandwich(main, tree, s, unit, $("tooltip"), names);
     window.fathomView = {
       ready: true,
@@ -141,7 +153,7 @@ async function renderView(s, my) {
  * search and the graph. */
 function renderIcicle(main, tree, s, unit, diff, host = main) {
   const t0 = performance.now();
-  const f = flatten(tree, diff);
+  const f = flat(tree, diff);
   let zoom = findPath(f, s.zoom);
   if (!s.zoom && s.focus) zoom = Math.max(widest(f, s.focus), 0);
   const search = s.search || (s.focus ? "^" + escapeRegex(s.focus) + "$" : "");

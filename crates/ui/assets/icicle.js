@@ -92,7 +92,14 @@ export class Icicle {
   colours() {
     const f = this.f;
     const key = this.marks ? "marks" : f.diff ? "diff" : "plain";
-    if (this.colourKey === key && this.colourTree === f) return;
+    // Kept on the tree, so a new graph of the same tree (a zoom re-renders
+    // the view) reuses them; search marks change with the search.
+    f.colourCache ||= {};
+    const hit = f.colourCache[key];
+    if (hit && key !== "marks") {
+      [this.palette, this.col] = hit;
+      return;
+    }
     const n = f.name.length;
     const palette = [];
     const index = new Map();
@@ -115,8 +122,7 @@ export class Icicle {
     }
     this.palette = palette;
     this.col = col;
-    this.colourKey = key;
-    this.colourTree = f;
+    f.colourCache[key] = [palette, col];
   }
 
   /** Draws the graph; returns the number of nodes drawn. Rectangles are
