@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import re
+import subprocess
 import urllib.parse
 import urllib.request
 
@@ -91,6 +92,14 @@ def main():
         for want in ["fathom agent", "curl", "/ingest", "SDK"]:
             check(want in text, f"empty state lacks {want!r}: {text}")
         shot(d, "empty")
+        # The folded-stacks command shown works as pasted: run it, and the
+        # page shows its data.
+        cmd = next(p.text for p in d.find_elements(By.CSS_SELECTOR, "#empty pre") if "printf" in p.text)
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+        check(out.returncode == 0 and '"profiles":1' in out.stdout, f"the shown command failed: {cmd}\n{out.stdout}{out.stderr}")
+        d.get(page(tenant="nobody-here"))
+        v = wait_view(d)
+        check(v["view"] == "icicle" and [w["name"] for w in v["widest"]] == ["main"], f"after the shown ingest: {v}")
 
         # 2. Error state: a bad selector shows the API's message.
         d.get(page(**{**base_state, "q": '{service_name="kafka"'}))

@@ -35,6 +35,18 @@ function cached(key, load) {
 }
 const json = (path, params) => cached(apiUrl(path, params), () => getJson(path, params));
 
+// Flattened trees by answer object: re-rendering the same answer (zoom,
+// search) does not flatten it again.
+const flatCache = new WeakMap();
+function flat(tree, diff) {
+  let f = flatCache.get(tree);
+  if (!f) {
+    f = flatten(tree, diff);
+    flatCache.set(tree, f);
+  }
+  return f;
+}
+
 let icicles = [];
 let renderSeq = 0;
 
@@ -54,9 +66,11 @@ function emptyState(s) {
     <p>Send some, then pick a longer range if needed:</p>
     <h4>The eBPF agent (every process on a Linux host, no code changes)</h4>
     <pre>sudo fathom agent --remote ${esc(host)}${s.tenant ? " --tenant " + esc(s.tenant) : ""}</pre>
-    <h4>A pprof file, with curl</h4>
-    <pre>curl -g${esc(tenant)} --data-binary @cpu.pb.gz \\
-  '${esc(host)}/ingest?name=myapp.cpu{env=prod}&amp;format=pprof'</pre>
+    <h4>With curl: folded stacks, or a pprof file</h4>
+    <pre>printf 'main;handler;json.Marshal 42\\nmain;gc 7\\n' |
+  curl -g${esc(tenant)} --data-binary @- '${esc(host)}/ingest?name=myapp.cpu{env=prod}&amp;format=folded'
+
+curl -g${esc(tenant)} --data-binary @cpu.pb.gz '${esc(host)}/ingest?name=myapp.cpu{env=prod}&amp;format=pprof'</pre>
     <h4>Any Pyroscope SDK</h4>
     <pre>server address: ${esc(host)}    (e.g. Go: pyroscope.Config{ServerAddress: "${esc(host)}"})</pre>
   </div>`;
@@ -122,7 +136,7 @@ async function renderView(s, my) {
   const tree = await json("/api/v1/query", flameParams(s));
   if (my !== renderSeq) return;
   if (s.view === "sandwich") {
-    const names = [...new Set(flatten(tree).name)].sort();
+    const names = [...new Set(flat(tree, false).name)].sort();
     icicles = renderSandwich(main, tree, s, unit, $("tooltip"), names);
     window.fathomView = {
       ready: true,
@@ -139,7 +153,7 @@ async function renderView(s, my) {
  * search and the graph. */
 function renderIcicle(main, tree, s, unit, diff, host = main) {
   const t0 = performance.now();
-  const f = flatten(tree, diff);
+  const f = flat(tree, diff);
   let zoom = findPath(f, s.zoom);
   if (!s.zoom && s.focus) zoom = Math.max(widest(f, s.focus), 0);
   const search = s.search || (s.focus ? "^" + escapeRegex(s.focus) + "$" : "");

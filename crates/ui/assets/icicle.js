@@ -87,11 +87,52 @@ export class Icicle {
     this.draw();
   }
 
-  /** Draws the graph; returns the number of nodes drawn. */
+  /** The colour of every node for the current mode, as indices into
+   * `palette` (computed once per tree and mode, not per draw). */
+  colours() {
+    const f = this.f;
+    const key = this.marks ? "marks" : f.diff ? "diff" : "plain";
+    // Kept on the tree, so a new graph of the same tree (a zoom re-renders
+    // the view) reuses them; search marks change with the search.
+    f.colourCache ||= {};
+    const hit = f.colourCache[key];
+    if (hit && key !== "marks") {
+      [this.palette, this.col] = hit;
+      return;
+    }
+    const n = f.name.length;
+    const palette = [];
+    const index = new Map();
+    const idx = (c) => {
+      let i = index.get(c);
+      if (i === undefined) {
+        i = palette.length;
+        palette.push(c);
+        index.set(c, i);
+      }
+      return i;
+    };
+    const col = new Uint16Array(n);
+    for (let i = 0; i < n; i++) {
+      let c;
+      if (this.marks) c = this.marks[i] ? "#f2a93b" : "#e8e8e8";
+      else if (f.diff) c = diffColour(f.left[i], f.right[i], f.left[0], f.right[0]);
+      else c = colourOf(f.name[i]);
+      col[i] = idx(c);
+    }
+    this.palette = palette;
+    this.col = col;
+    f.colourCache[key] = [palette, col];
+  }
+
+  /** Draws the graph; returns the number of nodes drawn. Rectangles are
+   * gathered first and filled one colour at a time: setting a canvas
+   * colour costs more than drawing a rectangle. */
   draw() {
     const f = this.f;
     if (!f) return 0;
     const t0 = performance.now();
+    this.colours();
     const dpr = window.devicePixelRatio || 1;
     const W = this.canvas.parentElement.clientWidth || 800;
     const z = this.zoom;
@@ -105,34 +146,20 @@ export class Icicle {
     this.canvas.height = Math.round(H * dpr);
     const ctx = this.canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.font = FONT;
-    ctx.textBaseline = "middle";
     this.rows = Array.from({ length: depthMax + 1 }, () => []);
     this.W = W;
-    let drawn = 0;
-    const rootL = f.diff ? f.left[0] : 0;
-    const rootR = f.diff ? f.right[0] : 0;
-    const rect = (i, x, w) => {
-      const d = f.depth[i];
-      let fill;
-      if (this.marks && !this.marks[i]) fill = "#e8e8e8";
-      else if (this.marks) fill = "#f2a93b";
-      else if (f.diff) fill = diffColour(f.left[i], f.right[i], rootL, rootR);
-      else fill = colourOf(f.name[i]);
-      ctx.fillStyle = fill;
-      const y = d * ROW;
-      ctx.fillRect(x, y, Math.max(w - 0.5, 0.5), ROW - 1);
-      if (w > 4 * CHAR) {
-        const max = Math.floor((w - 6) / CHAR);
-        const name = f.name[i];
-        ctx.fillStyle = "#111";
-        ctx.fillText(name.length > max ? name.slice(0, max - 1) + "…" : name, x + 3, y + ROW / 2);
-      }
-      this.rows[d].push(i, x, w);
-      drawn++;
+    // Pass 1: the visible nodes and their geometry.
+    const idx = [];
+    const xs = [];
+    const ws = [];
+    const visit = (i, x, w) => {
+      idx.push(i);
+      xs.push(x);
+      ws.push(w);
+      this.rows[f.depth[i]].push(i, x, w);
     };
     // Ancestors of the zoomed node (and the node itself) span the width.
-    for (let a = z; a >= 0; a = f.parent[a]) rect(a, 0, W);
+    for (let a = z; a >= 0; a = f.parent[a]) visit(a, 0, W);
     const scale = W / Math.max(f.value[z], 1);
     const z0 = f.start[z];
     for (let i = z + 1; i < f.end[z]; ) {
@@ -141,11 +168,34 @@ export class Icicle {
         i = f.end[i]; // its descendants are narrower still
         continue;
       }
-      rect(i, (f.start[i] - z0) * scale, w);
+      visit(i, (f.start[i] - z0) * scale, w);
       i++;
     }
-    this.lastDraw = { ms: performance.now() - t0, nodes: drawn };
-    return drawn;
+    // Pass 2: rectangles, one path and one fill per colour.
+    const byColour = Array.from({ length: this.palette.length }, () => []);
+    for (let k = 0; k < idx.length; k++) byColour[this.col[idx[k]]].push(k);
+    for (let c = 0; c < byColour.length; c++) {
+      const ks = byColour[c];
+      if (!ks.length) continue;
+      ctx.fillStyle = this.palette[c];
+      ctx.beginPath();
+      for (const k of ks) ctx.rect(xs[k], f.depth[idx[k]] * ROW, Math.max(ws[k] - 0.5, 0.5), ROW - 1);
+      ctx.fill();
+    }
+    // Pass 3: labels of the nodes wide enough for a few characters.
+    ctx.font = FONT;
+    ctx.textBaseline = "middle";
+    ctx.fillStyle = "#111";
+    for (let k = 0; k < idx.length; k++) {
+      const w = ws[k];
+      if (w <= 4 * CHAR) continue;
+      const i = idx[k];
+      const max = Math.floor((w - 6) / CHAR);
+      const name = f.name[i];
+      ctx.fillText(name.length > max ? name.slice(0, max - 1) + "…" : name, xs[k] + 3, f.depth[i] * ROW + ROW / 2);
+    }
+    this.lastDraw = { ms: performance.now() - t0, nodes: idx.length };
+    return idx.length;
   }
 
   /** The node under a mouse event, or -1. */
