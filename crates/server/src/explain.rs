@@ -275,9 +275,6 @@ fn request_line(read: &[u8]) -> Option<Vec<u8>> {
             found = Some(start);
         }
     }
-    if found.is_none() && starts_request(read) {
-        found = Some(0);
-    }
     let s = found?;
     let end = read[s..]
         .windows(2)

@@ -240,30 +240,17 @@ fn changes_finds_an_injected_regression_through_the_api() {
     assert_eq!(v["significant"], 0, "{}", v["changes"]);
     assert!(v["functions"].as_u64().unwrap() > 200);
     // Bad parameters are refused with a message naming them.
-    let (s, b) = f
-        .get(
-            Some("changes"),
-            "/api/v1/changes",
-            &[
-                ("left", &format!("{pt}{{}}")),
-                ("right", &format!("{pt}{{}}")),
-                ("direction", "up"),
-            ],
-        )
-        .unwrap();
-    assert_eq!(s, 400);
-    assert!(String::from_utf8_lossy(&b).contains("direction"));
-    let (s, b) = f
-        .get(
-            Some("changes"),
-            "/api/v1/changes",
-            &[
-                ("left", &format!("{pt}{{}}")),
-                ("right", &format!("{pt}{{}}")),
-                ("samples", "100000"),
-            ],
-        )
-        .unwrap();
-    assert_eq!(s, 400);
-    assert!(String::from_utf8_lossy(&b).contains("samples"));
+    let all = format!("{pt}{{}}");
+    for (param, value) in [("direction", "up"), ("samples", "100000")] {
+        let (s, b) = f
+            .get(
+                Some("changes"),
+                "/api/v1/changes",
+                &[("left", &all), ("right", &all), (param, value)],
+            )
+            .unwrap();
+        assert_eq!(s, 400, "{param}={value}");
+        let body = String::from_utf8_lossy(&b);
+        assert!(body.contains(param), "{param}={value}: {body}");
+    }
 }
