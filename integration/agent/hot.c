@@ -9,6 +9,11 @@
  *   hotc exec <seconds> <program> <args...>
  *                           spins as `cpu` does, then replaces itself with
  *                           <program> (same pid, new comm)
+ *
+ * <seconds> are seconds of the process's CPU time, not of the wall clock:
+ * a sampling profiler sees a process in proportion to the CPU it gets, so
+ * a workload that runs until it has had its CPU gives the tests the same
+ * number of samples however loaded the machine is (it just takes longer).
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -18,10 +23,11 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The CPU time (user and system) this process has had, in seconds. */
 static double now(void)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 

@@ -25,7 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ui_browser_common import banner, driver, wait_view  # noqa: E402
+from ui_browser_common import banner, driver, wait_chart, wait_view  # noqa: E402
 
 BASE, TENANT, START, END, OUT = sys.argv[1:6]
 PTYPE = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
@@ -127,6 +127,7 @@ def main():
         # dragging across it selects the range the views merge.
         d.get(page(**base_state, group="version"))
         wait_view(d)
+        wait_chart(d)
         legend = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#legend span")]
         check(legend == ["version=1.0", "version=1.1"], f"group-by legend: {legend}")
         r = d.execute_script("const r = document.getElementById('chart').getBoundingClientRect(); return [r.left, r.top, r.width, r.height]")
@@ -259,6 +260,12 @@ def main():
         check(got == want, f"changes differ:\n page {got}\n api  {want}")
         rows = d.find_elements(By.CSS_SELECTOR, "#changes tbody tr")
         check(len(rows) == len(ch["changes"]), f"{len(rows)} rows vs {len(ch['changes'])}")
+        # The metrics graph holds both sides, each with its own profiles.
+        chart = wait_chart(d)
+        check([c["side"] for c in chart] == ["A", "B"] and all(c["points"] > 0 for c in chart),
+              f"compare graph should have a series for A and one for B: {chart}")
+        legend = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#legend span")]
+        check(legend[0].startswith("A: ") and legend[1].startswith("B: "), f"compare legend: {legend}")
         shot(d, "compare")
         d.refresh()
         v2 = wait_view(d)
@@ -275,6 +282,11 @@ def main():
         got = [c["name"] for c in v["changes"][:10]]
         want = [c["name"] for c in ch["changes"][:10]]
         check(got == want, f"time-range changes differ:\n page {got}\n api  {want}")
+        # Two windows of one selector: each side's line stays inside its own
+        # window (two profiles each).
+        chart = wait_chart(d)
+        check([(c["side"], c["points"]) for c in chart] == [("A", 2), ("B", 2)],
+              f"time-split compare graph: {chart}")
 
         # 8c. Download pprof: the button fetches a gzip'd pprof of the view.
         d.get(page(**base_state))

@@ -25,6 +25,18 @@ def banner(d):
     return "" if not e.is_displayed() else e.text
 
 
+def wait_chart(d, timeout=60):
+    """Waits until the metrics graph is drawn (it renders beside the view,
+    not before it); returns window.fathomChart."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        c = d.execute_script("return window.fathomChart")
+        if c is not None:
+            return c
+        time.sleep(0.05)
+    raise AssertionError(f"the metrics graph was not drawn in {timeout}s; error banner: {banner(d)!r}")
+
+
 def wait_view(d, timeout=60):
     """Waits until the page has rendered its view; returns window.fathomView."""
     t0 = time.time()

@@ -38,10 +38,28 @@ fn load(hz: u64, exclude_pid: Option<u32>) -> Profiler {
     }
 }
 
+/// The CPU time (user and system) the calling thread has had, in seconds.
+/// The spinners below run for an amount of CPU time, not of wall time: a
+/// profiler samples a thread in proportion to the CPU it gets, so counting
+/// CPU time gives the same number of samples on an idle and on a loaded
+/// machine (where it only takes longer).
+#[allow(unsafe_code)] // clock_gettime into a timespec owned here.
+pub(crate) fn thread_cpu_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Spins until this thread has had `cpu_secs` of CPU time or `stop` is set.
 #[inline(never)]
-fn spin_in_known_function(stop: &AtomicBool) -> u64 {
+fn spin_in_known_function(cpu_secs: f64, stop: &AtomicBool) -> u64 {
     let mut x = 1u64;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && thread_cpu_secs() < cpu_secs {
         for i in 0..10_000u64 {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
         }
@@ -49,14 +67,16 @@ fn spin_in_known_function(stop: &AtomicBool) -> u64 {
     x
 }
 
+/// Writes to /dev/null until this thread has had `cpu_secs` of CPU time
+/// (mostly in the kernel) or `stop` is set.
 #[inline(never)]
-fn syscall_heavy(stop: &AtomicBool) {
+fn syscall_heavy(cpu_secs: f64, stop: &AtomicBool) {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/null")
         .unwrap();
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && thread_cpu_secs() < cpu_secs {
         for _ in 0..1000 {
             let _ = f.write(&[0u8; 64]);
         }
@@ -75,9 +95,9 @@ fn bpf_samples_this_process_with_user_and_kernel_stacks() {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 if i == 0 {
-                    spin_in_known_function(&stop);
+                    spin_in_known_function(1.5, &stop);
                 } else {
-                    syscall_heavy(&stop);
+                    syscall_heavy(1.5, &stop);
                 }
             })
         })
@@ -101,8 +121,20 @@ fn bpf_samples_this_process_with_user_and_kernel_stacks() {
     let me = std::process::id();
     let mut mine = 0;
     let mut exec_seen = false;
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline {
+    // Until both threads have had their CPU time (1.5 s each: about 1,500
+    // samples at 499 Hz), however long a loaded machine takes to give it.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut drained_after_done = false;
+    while !drained_after_done {
+        assert!(
+            Instant::now() < deadline,
+            "the spinning threads did not get 1.5 s of CPU each in 120 s"
+        );
+        drained_after_done = threads.iter().all(|t| t.is_finished());
+        if drained_after_done {
+            // What the kernel still holds for them.
+            std::thread::sleep(Duration::from_millis(100));
+        }
         while let Some(item) = p.ring.next() {
             let ev = parse_event(&item).expect("records from the kernel parse");
             if ev.header.kind == EventKind::Exec && ev.header.pid == child_pid {
@@ -123,7 +155,7 @@ fn bpf_samples_this_process_with_user_and_kernel_stacks() {
     let _ = child.wait_with_output();
     assert!(
         mine > 100,
-        "only {mine} samples of this process at 499 Hz over 3 s"
+        "only {mine} samples of this process at 499 Hz over 3 s of its CPU time"
     );
     assert!(
         exec_seen,
@@ -186,9 +218,8 @@ fn bpf_excludes_a_process_in_the_kernel() {
     let mut p = load(499, Some(me));
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
-    let t = std::thread::spawn(move || spin_in_known_function(&s2));
-    std::thread::sleep(Duration::from_millis(1500));
-    stop.store(true, Ordering::Relaxed);
+    // 1 s of CPU: ~500 chances to be sampled, each one refused.
+    let t = std::thread::spawn(move || spin_in_known_function(1.0, &s2));
     t.join().unwrap();
     let mut mine = 0;
     while let Some(item) = p.ring.next() {
@@ -235,8 +266,16 @@ async fn run_pushes_cpu_profiles_to_a_push_service() {
     let agent = tokio::spawn(crate::run(args, rx));
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
-    let spinner = std::thread::spawn(move || spin_in_known_function(&s2));
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // 2 s of CPU (~400 samples at 199 Hz), two pushes or more.
+    let spinner = std::thread::spawn(move || spin_in_known_function(2.0, &s2));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !spinner.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the spinning thread did not get 2 s of CPU in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     spinner.join().unwrap();
     tx.send(true).unwrap();
@@ -648,10 +687,10 @@ fn pin_to_cpu(cpu: u32) -> std::io::Result<()> {
 
 #[inline(never)]
 #[allow(unsafe_code)] // sched_getcpu, which has no arguments.
-fn spin_pinned_to_hotplugged_cpu(stop: &AtomicBool) -> (u64, bool) {
+fn spin_pinned_to_hotplugged_cpu(cpu_secs: f64, stop: &AtomicBool) -> (u64, bool) {
     let mut x = 1u64;
     let mut always_there = true;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && thread_cpu_secs() < cpu_secs {
         for i in 0..10_000u64 {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
         }
@@ -747,9 +786,17 @@ async fn cpu_hotplug_detaches_and_reattaches() {
     let s2 = stop.clone();
     let spinner = std::thread::spawn(move || {
         pin_to_cpu(HOTPLUG_CPU).expect("pinning a thread to the cpu that came back");
-        spin_pinned_to_hotplugged_cpu(&s2)
+        spin_pinned_to_hotplugged_cpu(2.0, &s2)
     });
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Until it has had 2 s of that CPU, however loaded the machine is.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !spinner.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the pinned thread did not get 2 s of cpu {HOTPLUG_CPU} in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     let (_, stayed) = spinner.join().unwrap();
     assert!(stayed, "the pinned thread ran on another cpu");
@@ -776,8 +823,7 @@ async fn cpu_hotplug_detaches_and_reattaches() {
                 .sum::<i64>();
         }
     }
-    // 3 s at 199 Hz on a busy CPU: ~600 samples; a loaded machine gives
-    // the thread less of the CPU.
+    // 2 s of CPU at 199 Hz: ~400 samples.
     assert!(
         pinned > 50,
         "only {pinned} samples of the thread pinned to cpu {HOTPLUG_CPU} after it came back online"

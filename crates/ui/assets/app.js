@@ -17,8 +17,10 @@ import { renderChanges } from "./compare.js";
 const $ = (id) => document.getElementById(id);
 const MAX_NODES = 50000;
 
-/** What tests and benchmarks read: the rendered view's essentials. */
+/** What tests and benchmarks read: the rendered view's essentials, and the
+ * metrics graph's series. */
 window.fathomView = { ready: false };
+window.fathomChart = null;
 window.fathomTimings = {};
 
 // Answers by URL (and tenant); a few recent ones are kept.
@@ -88,6 +90,7 @@ async function render() {
   document.querySelectorAll("#views button").forEach((b) => b.classList.toggle("active", b.dataset.view === s.view));
   $("compareform").hidden = s.view !== "compare";
   window.fathomView = { ready: false, view: s.view };
+  window.fathomChart = null; // the metrics graph's series, once drawn
   try {
     const types = (await json("/api/v1/profile_types", { start: s.from, end: s.to })).profile_types;
     if (my !== renderSeq) return;
@@ -110,12 +113,40 @@ async function render() {
 }
 
 async function renderChart(s) {
-  const start = toMs(s.from);
-  const end = toMs(s.to);
-  const r = await json("/api/v1/query_range", { query: selectorA(s), start: String(start), end: String(end), group_by: s.group });
-  drawChart($("chart"), $("legend"), r.series, start, end, unitOf(s.type), (a, b) =>
-    setState({ from: String(a), to: String(b), zoom: "" }),
+  let start = toMs(s.from);
+  let end = toMs(s.to);
+  const params = { query: selectorA(s), start: String(start), end: String(end), group_by: s.group };
+  if (s.view !== "compare") {
+    const r = await json("/api/v1/query_range", params);
+    drawChart($("chart"), $("legend"), r.series, start, end, unitOf(s.type), (a, b) =>
+      setState({ from: String(a), to: String(b), zoom: "" }),
+    );
+    window.fathomChart = r.series.map((x) => ({ labels: x.labels, points: x.points.length }));
+    return;
+  }
+  // Compare: both sides over the span of both windows; a drag selects A's
+  // range.
+  const b = sideB(s);
+  const [bStart, bEnd] = [toMs(b.start), toMs(b.end)];
+  const both = { start: String(Math.min(start, bStart)), end: String(Math.max(end, bEnd)) };
+  const [ra, rb] = await Promise.all([
+    json("/api/v1/query_range", { ...params, ...both }),
+    json("/api/v1/query_range", { ...params, ...both, query: b.query }),
+  ]);
+  const windows = [
+    { from: start, to: end, side: "A" },
+    { from: bStart, to: bEnd, side: "B" },
+  ];
+  const inside = (w) => (x) => ({ ...x, side: w.side, points: x.points.filter(([t]) => t >= w.from && t <= w.to) });
+  // Series with no point inside their own window are left out.
+  const series = [...ra.series.map(inside(windows[0])), ...rb.series.map(inside(windows[1]))].filter(
+    (x) => x.points.length,
   );
+  [start, end] = [Number(both.start), Number(both.end)];
+  drawChart($("chart"), $("legend"), series, start, end, unitOf(s.type), (a, z) =>
+    setState({ from: String(a), to: String(z), zoom: "" }), windows,
+  );
+  window.fathomChart = series.map((x) => ({ side: x.side, labels: x.labels, points: x.points.length }));
 }
 
 function flameParams(s) {

@@ -1,14 +1,17 @@
 // The metrics graph: one line per series of query_range, a time axis, and
 // drag-to-select a range (which becomes the range the graphs below merge).
+// In compare mode it holds both sides: B's lines are dashed, and the A and B
+// windows are shaded.
 
 import { formatValue, esc } from "./format.js";
 
 const PAD = { l: 64, r: 12, t: 8, b: 22 };
 const COLOURS = ["#3b6fd8", "#d8553b", "#2d9d5a", "#9b4fd0", "#c79a1c", "#1c9cc7", "#c71c7a", "#666"];
 
-/** Draws `series` ([{labels, points: [[ms, v]]}]) on `canvas` between
- * `start` and `end` (ms); `onSelect(fromMs, toMs)` is called after a drag. */
-export function drawChart(canvas, legend, series, start, end, unit, onSelect) {
+/** Draws `series` ([{labels, points: [[ms, v]], side?: "A" | "B"}]) on
+ * `canvas` between `start` and `end` (ms); `windows` ([{from, to, side}])
+ * are shaded; `onSelect(fromMs, toMs)` is called after a drag. */
+export function drawChart(canvas, legend, series, start, end, unit, onSelect, windows = []) {
   const dpr = window.devicePixelRatio || 1;
   const box = canvas.parentElement;
   const cs = getComputedStyle(box);
@@ -39,6 +42,14 @@ export function drawChart(canvas, legend, series, start, end, unit, onSelect) {
     ctx.fillText(formatValue(Math.round(v), unit), 4, y(v) + 4);
   }
   const span = end - start;
+  for (const w of windows) {
+    const a = x(Math.max(w.from, start));
+    const b = x(Math.min(w.to, end));
+    ctx.fillStyle = w.side === "B" ? "rgba(216,85,59,0.08)" : "rgba(59,111,216,0.08)";
+    ctx.fillRect(a, PAD.t, Math.max(b - a, 1), H - PAD.t - PAD.b);
+    ctx.fillStyle = "#666";
+    ctx.fillText(w.side, a + 3, PAD.t + 11);
+  }
   for (let k = 0; k <= 4; k++) {
     const t = start + (span * k) / 4;
     const d = new Date(t);
@@ -48,6 +59,7 @@ export function drawChart(canvas, legend, series, start, end, unit, onSelect) {
   series.forEach((s, i) => {
     ctx.strokeStyle = COLOURS[i % COLOURS.length];
     ctx.lineWidth = 1.5;
+    ctx.setLineDash(s.side === "B" ? [5, 3] : []);
     ctx.beginPath();
     s.points.forEach(([t, v], k) => (k ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
     ctx.stroke();
@@ -57,10 +69,11 @@ export function drawChart(canvas, legend, series, start, end, unit, onSelect) {
       ctx.fillRect(x(t) - 2, y(v) - 2, 4, 4);
     }
   });
+  ctx.setLineDash([]);
   legend.innerHTML = series
     .slice(0, 20)
     .map((s, i) => {
-      const l = Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).join(", ") || "all";
+      const l = (s.side ? s.side + ": " : "") + (Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).join(", ") || "all");
       return `<span><i style="background:${COLOURS[i % COLOURS.length]}"></i>${esc(l)}</span>`;
     })
     .join("");

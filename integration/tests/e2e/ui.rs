@@ -236,6 +236,30 @@ fn changes_finds_an_injected_regression_through_the_api() {
     assert_eq!(first["name"], target.as_str(), "{}", v["changes"]);
     assert_eq!(first["significant"], true, "{first}");
     assert!(first["delta_share"].as_f64().unwrap() > 0.0, "{first}");
+    // The browser shows the same ranking in the compare view, the injected
+    // function first and marked significant (screenshot for docs/ui.md).
+    require_browser();
+    let out = Command::new("python3")
+        .arg(workspace().join("integration/python/ui_compare.py"))
+        .args([
+            f.url("").as_str(),
+            "changes",
+            pt,
+            "{version=\"a\"}",
+            "{version=\"b\"}",
+            start.as_str(),
+            end.as_str(),
+            target.as_str(),
+        ])
+        .arg(target_dir().join("ui-screenshots"))
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "the compare view test failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = changes("c", "d");
     assert_eq!(v["significant"], 0, "{}", v["changes"]);
     assert!(v["functions"].as_u64().unwrap() > 200);
