@@ -226,6 +226,14 @@ fn share(stacks: &BTreeMap<String, i64>, pred: impl Fn(&str) -> bool) -> i64 {
     stacks.iter().filter(|(s, _)| pred(s)).map(|(_, v)| v).sum()
 }
 
+/// How long a test waits for the agent's data to become queryable. Not a
+/// latency target: the agent's first collection symbolizes every process
+/// on the host, and on a CI machine running other tests (dozens of rustc
+/// and debug `fathom` processes, hundreds of MB of DWARF each) that takes
+/// tens of seconds. The end-to-end delay is measured, and printed, by
+/// `agent_overhead_benchmark`, never asserted by a timed test.
+const AGENT_WAIT: Duration = Duration::from_secs(180);
+
 /// Polls `check` until it returns `Ok`, or fails with its last error.
 fn eventually<T>(timeout: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
     let t0 = Instant::now();
@@ -335,8 +343,8 @@ relabel_configs:
     let rs = Workload::spawn(Command::new(&hotrs).arg("60"));
     let d = Workload::spawn(Command::new(&dropped).args(["cpu", "60"]));
 
-    // Within 30 s of starting (19 Hz, the default rate).
-    let budget = Duration::from_secs(30);
+    // At 19 Hz, the default rate.
+    let budget = AGENT_WAIT;
     assert_hot(
         &f,
         (c.pid(), "hotc"),
@@ -376,7 +384,7 @@ fn agent_shows_kernel_frames_of_a_syscall_heavy_process() {
     let _agent = Agent::start(&f, dir.path(), &["--push-interval", "5s"]);
     let w = Workload::spawn(Command::new(&hotc).args(["syscall", "60"]));
     let sel = process(w.pid(), "hotsys");
-    eventually(Duration::from_secs(30), || {
+    eventually(AGENT_WAIT, || {
         let s = folded(&f, &sel);
         let t = total(&s);
         // User frames below, kernel frames above them.
@@ -406,7 +414,7 @@ fn agent_keeps_a_process_that_exits_between_pushes() {
         (pid, "hotshort"),
         ";hot_function",
         "main;outer_caller;middle_caller;hot_function",
-        Duration::from_secs(30),
+        AGENT_WAIT,
     );
 }
 
@@ -425,7 +433,7 @@ fn agent_symbolizes_node_jit_frames_from_the_perf_map() {
     );
     let perf_map = format!("/tmp/perf-{}.map", w.pid());
     let sel = process(w.pid(), "node");
-    eventually(Duration::from_secs(40), || {
+    eventually(AGENT_WAIT, || {
         let s = folded(&f, &sel);
         let t = total(&s);
         let js = share(&s, |x| x.contains("hotJsFunction"));
@@ -471,7 +479,7 @@ scrape_configs:
             config.to_str().unwrap(),
         ],
     );
-    let within = Duration::from_secs(60);
+    let within = AGENT_WAIT;
     let has = |sel: &str, func: &str| {
         let s = folded(&f, sel);
         let hit = share(&s, |x| x.contains(func));
