@@ -26,17 +26,20 @@ const APP: &str = "grafana-app";
 const BASE_S: i64 = 1_704_067_200;
 const START_MS: i64 = (BASE_S - 60) * 1000;
 const END_MS: i64 = (BASE_S + 600) * 1000;
-const LARGE: &str = "google+pprof/internal/proftest/testdata/large.cpu";
+/// A Go CPU profile of 230 locations and stacks up to 27 deep: enough for
+/// `max_nodes` to prune, small enough for a debug build (and for JSON
+/// parsers' nesting limits).
+const MEDIUM: &str = "parca-dev+parca/pkg/query/testdata/fib.pb.gz";
 const SMALL: &str = "google+pprof/internal/report/testdata/sample.cpu";
 const HEAP: &str = "grafana+pyroscope/pkg/og/convert/pprof/testdata/nodejs-heap.pb.gz";
 
 /// What is ingested: (file, service, region, unix seconds).
 const PROFILES: [(&str, &str, &str, i64); 7] = [
-    (LARGE, APP, "eu", BASE_S),
+    (MEDIUM, APP, "eu", BASE_S),
     (SMALL, APP, "eu", BASE_S + 5),
     (SMALL, APP, "eu", BASE_S + 120),
     (SMALL, APP, "us", BASE_S + 60),
-    (LARGE, APP, "us", BASE_S + 180),
+    (MEDIUM, APP, "us", BASE_S + 180),
     (HEAP, APP, "eu", BASE_S + 30),
     (SMALL, "other-app", "eu", BASE_S + 30),
 ];
@@ -223,7 +226,11 @@ fn strings(v: &Value) -> Vec<String> {
 /// Flattened levels read back as a renderer does: stack → [total per
 /// column…, self per column…]; a node's parent is the node one level up
 /// whose span holds its x offset (in a column where the node is not empty).
-fn unflatten(names: &[String], levels: &[Vec<i64>], cols: usize) -> BTreeMap<Vec<String>, Vec<i64>> {
+fn unflatten(
+    names: &[String],
+    levels: &[Vec<i64>],
+    cols: usize,
+) -> BTreeMap<Vec<String>, Vec<i64>> {
     let width = 3 * cols + 1;
     let mut abs: Vec<Vec<Vec<i64>>> = Vec::new();
     for level in levels {
@@ -269,7 +276,10 @@ fn unflatten(names: &[String], levels: &[Vec<i64>], cols: usize) -> BTreeMap<Vec
                 .map(|c| n[3 * c + 1])
                 .chain((0..cols).map(|c| n[3 * c + 2]))
                 .collect();
-            assert!(out.insert(path.clone(), vals).is_none(), "two nodes for {path:?}");
+            assert!(
+                out.insert(path.clone(), vals).is_none(),
+                "two nodes for {path:?}"
+            );
             here.push(path);
         }
         paths.push(here);
@@ -279,7 +289,12 @@ fn unflatten(names: &[String], levels: &[Vec<i64>], cols: usize) -> BTreeMap<Vec
 
 /// The same map from the HTTP API's flame graph JSON; `keys` are the
 /// totals then the selfs.
-fn tree_map(node: &Value, keys: &[&str], path: &mut Vec<String>, out: &mut BTreeMap<Vec<String>, Vec<i64>>) {
+fn tree_map(
+    node: &Value,
+    keys: &[&str],
+    path: &mut Vec<String>,
+    out: &mut BTreeMap<Vec<String>, Vec<i64>>,
+) {
     out.insert(
         path.clone(),
         keys.iter().map(|k| node[*k].as_i64().unwrap()).collect(),
@@ -351,12 +366,17 @@ fn http_range(v: &Value) -> BTreeMap<BTreeMap<String, String>, BTreeMap<i64, f64
         .collect()
 }
 
-fn connect_range(r: &querier::SelectSeriesResponse) -> BTreeMap<BTreeMap<String, String>, BTreeMap<i64, f64>> {
+fn connect_range(
+    r: &querier::SelectSeriesResponse,
+) -> BTreeMap<BTreeMap<String, String>, BTreeMap<i64, f64>> {
     r.series
         .iter()
         .map(|s| {
             (
-                s.labels.iter().map(|l| (l.name.clone(), l.value.clone())).collect(),
+                s.labels
+                    .iter()
+                    .map(|l| (l.name.clone(), l.value.clone()))
+                    .collect(),
                 s.points.iter().map(|p| (p.timestamp, p.value)).collect(),
             )
         })
@@ -404,8 +424,18 @@ fn grafana_connect_client_answers_like_the_http_api() {
     };
     const SMS: &str = "querier.v1.SelectMergeStacktracesRequest";
     let calls = vec![
-        /* 0 */ call("profile_types", "querier.v1.ProfileTypesRequest", range.clone()),
-        /* 1 */ call("label_names", "types.v1.LabelNamesRequest", with(json!({"matchers": [app]}))),
+        /* 0 */
+        call(
+            "profile_types",
+            "querier.v1.ProfileTypesRequest",
+            range.clone(),
+        ),
+        /* 1 */
+        call(
+            "label_names",
+            "types.v1.LabelNamesRequest",
+            with(json!({"matchers": [app]})),
+        ),
         /* 2 */
         call(
             "label_values",
@@ -422,7 +452,9 @@ fn grafana_connect_client_answers_like_the_http_api() {
         call(
             "series",
             "querier.v1.SeriesRequest",
-            with(json!({"matchers": [format!("{{__profile_type__=\"{cpu}\", service_name=\"{APP}\"}}")]})),
+            with(
+                json!({"matchers": [format!("{{__profile_type__=\"{cpu}\", service_name=\"{APP}\"}}")]}),
+            ),
         ),
         /* 5 */
         call(
@@ -431,7 +463,12 @@ fn grafana_connect_client_answers_like_the_http_api() {
             with(json!({"matchers": [app], "labelNames": ["service_name", "__profile_type__"]})),
         ),
         /* 6 */ call("select_merge_stacktraces", SMS, stacks(json!({}))),
-        /* 7 */ call("select_merge_stacktraces", SMS, stacks(json!({"maxNodes": 64}))),
+        /* 7 */
+        call(
+            "select_merge_stacktraces",
+            SMS,
+            stacks(json!({"maxNodes": 64})),
+        ),
         /* 8 */
         call(
             "select_merge_stacktraces",
@@ -448,8 +485,10 @@ fn grafana_connect_client_answers_like_the_http_api() {
         call(
             "select_series",
             "querier.v1.SelectSeriesRequest",
-            with(json!({"profileTypeID": cpu, "labelSelector": app, "groupBy": ["region"], "step": 60,
-                        "aggregation": "TIME_SERIES_AGGREGATION_TYPE_SUM"})),
+            with(
+                json!({"profileTypeID": cpu, "labelSelector": app, "groupBy": ["region"], "step": 60,
+                        "aggregation": "TIME_SERIES_AGGREGATION_TYPE_SUM"}),
+            ),
         ),
         /* 11 */
         call(
@@ -461,8 +500,10 @@ fn grafana_connect_client_answers_like_the_http_api() {
         call(
             "select_series",
             "querier.v1.SelectSeriesRequest",
-            with(json!({"profileTypeID": cpu, "labelSelector": app, "groupBy": ["region"], "step": 60,
-                        "aggregation": "TIME_SERIES_AGGREGATION_TYPE_AVERAGE"})),
+            with(
+                json!({"profileTypeID": cpu, "labelSelector": app, "groupBy": ["region"], "step": 60,
+                        "aggregation": "TIME_SERIES_AGGREGATION_TYPE_AVERAGE"}),
+            ),
         ),
         /* 13 */
         call(
@@ -473,9 +514,24 @@ fn grafana_connect_client_answers_like_the_http_api() {
                 "right": with(json!({"profileTypeID": cpu, "labelSelector": us})),
             }),
         ),
-        /* 14 */ call("select_merge_stacktraces", SMS, stacks(json!({"labelSelector": "{service_name="}))),
-        /* 15 */ call("select_merge_stacktraces", SMS, stacks(json!({"profileTypeID": ""}))),
-        /* 16 */ call("select_merge_stacktraces", SMS, stacks(json!({"spanSelector": ["9a517183f26a089d"]}))),
+        /* 14 */
+        call(
+            "select_merge_stacktraces",
+            SMS,
+            stacks(json!({"labelSelector": "{service_name="})),
+        ),
+        /* 15 */
+        call(
+            "select_merge_stacktraces",
+            SMS,
+            stacks(json!({"profileTypeID": ""})),
+        ),
+        /* 16 */
+        call(
+            "select_merge_stacktraces",
+            SMS,
+            stacks(json!({"spanSelector": ["9a517183f26a089d"]})),
+        ),
         /* 17 */
         call(
             "select_series",
@@ -491,8 +547,18 @@ fn grafana_connect_client_answers_like_the_http_api() {
                 "right": with(json!({"profileTypeID": heap, "labelSelector": eu})),
             }),
         ),
-        /* 19 */ call("label_names", "types.v1.LabelNamesRequest", with(json!({"matchers": ["{region=~\"(\"}"]}))),
-        /* 20 */ call("select_merge_stacktraces", SMS, stacks(json!({"format": "PROFILE_FORMAT_DOT"}))),
+        /* 19 */
+        call(
+            "label_names",
+            "types.v1.LabelNamesRequest",
+            with(json!({"matchers": ["{region=~\"(\"}"]})),
+        ),
+        /* 20 */
+        call(
+            "select_merge_stacktraces",
+            SMS,
+            stacks(json!({"format": "PROFILE_FORMAT_DOT"})),
+        ),
     ];
     let a = connect_calls(&f, &calls);
 
@@ -501,22 +567,45 @@ fn grafana_connect_client_answers_like_the_http_api() {
     let ids: Vec<String> = pts.profile_types.iter().map(|p| p.id.clone()).collect();
     assert_eq!(ids, types_http);
     for p in &pts.profile_types {
-        let parts = [&p.name, &p.sample_type, &p.sample_unit, &p.period_type, &p.period_unit];
+        let parts = [
+            &p.name,
+            &p.sample_type,
+            &p.sample_unit,
+            &p.period_type,
+            &p.period_unit,
+        ];
         assert_eq!(parts.map(|s| s.as_str()).join(":"), p.id);
     }
 
     // LabelNames: the HTTP API's labels plus Pyroscope's reserved ones.
     let names: types::LabelNamesResponse = a[1].ok();
     let http_labels = strings(&http(&f, "/api/v1/labels", &[("query", &app)])["labels"]);
-    let own: Vec<String> = names.names.iter().filter(|n| !n.starts_with("__")).cloned().collect();
+    let own: Vec<String> = names
+        .names
+        .iter()
+        .filter(|n| !n.starts_with("__"))
+        .cloned()
+        .collect();
     assert_eq!(own, http_labels);
-    for r in ["__name__", "__profile_type__", "__type__", "__unit__", "__period_type__", "__period_unit__"] {
-        assert!(names.names.iter().any(|n| n == r), "{r} in {:?}", names.names);
+    for r in [
+        "__name__",
+        "__profile_type__",
+        "__type__",
+        "__unit__",
+        "__period_type__",
+        "__period_unit__",
+    ] {
+        assert!(
+            names.names.iter().any(|n| n == r),
+            "{r} in {:?}",
+            names.names
+        );
     }
 
     // LabelValues, of a label and of the profile type.
     let values: types::LabelValuesResponse = a[2].ok();
-    let http_values = strings(&http(&f, "/api/v1/label/region/values", &[("query", &app)])["values"]);
+    let http_values =
+        strings(&http(&f, "/api/v1/label/region/values", &[("query", &app)])["values"]);
     assert_eq!(values.names, http_values);
     assert_eq!(values.names, ["eu", "us"]);
     let app_types: types::LabelValuesResponse = a[3].ok();
@@ -527,7 +616,10 @@ fn grafana_connect_client_answers_like_the_http_api() {
         .iter()
         .map(|s| s["__profile_type__"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(app_types.names, app_types_http.iter().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        app_types.names,
+        app_types_http.iter().cloned().collect::<Vec<_>>()
+    );
 
     // Series: the HTTP API's series, with the reserved labels.
     let series: querier::SeriesResponse = a[4].ok();
@@ -535,36 +627,53 @@ fn grafana_connect_client_answers_like_the_http_api() {
         .labels_set
         .iter()
         .map(|l| {
-            let m: BTreeMap<String, String> = l.labels.iter().map(|p| (p.name.clone(), p.value.clone())).collect();
+            let m: BTreeMap<String, String> = l
+                .labels
+                .iter()
+                .map(|p| (p.name.clone(), p.value.clone()))
+                .collect();
             assert_eq!(m["__profile_type__"], cpu);
             assert_eq!(m["__name__"], "process_cpu");
-            m.into_iter().filter(|(k, _)| !k.starts_with("__")).collect()
-        })
-        .collect();
-    let want: BTreeSet<BTreeMap<String, String>> = http(&f, "/api/v1/series", &[("query", &app_cpu)])["series"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            s.as_object()
-                .unwrap()
-                .iter()
+            m.into_iter()
                 .filter(|(k, _)| !k.starts_with("__"))
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
                 .collect()
         })
         .collect();
+    let want: BTreeSet<BTreeMap<String, String>> =
+        http(&f, "/api/v1/series", &[("query", &app_cpu)])["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                s.as_object()
+                    .unwrap()
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with("__"))
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                    .collect()
+            })
+            .collect();
     assert_eq!(got, want);
     assert_eq!(got.len(), 2, "{got:?}");
     let projected: querier::SeriesResponse = a[5].ok();
     let got: BTreeSet<Vec<(String, String)>> = projected
         .labels_set
         .iter()
-        .map(|l| l.labels.iter().map(|p| (p.name.clone(), p.value.clone())).collect())
+        .map(|l| {
+            l.labels
+                .iter()
+                .map(|p| (p.name.clone(), p.value.clone()))
+                .collect()
+        })
         .collect();
     let want: BTreeSet<Vec<(String, String)>> = app_types_http
         .iter()
-        .map(|t| vec![("__profile_type__".to_owned(), t.clone()), ("service_name".to_owned(), APP.to_owned())])
+        .map(|t| {
+            vec![
+                ("__profile_type__".to_owned(), t.clone()),
+                ("service_name".to_owned(), APP.to_owned()),
+            ]
+        })
         .collect();
     assert_eq!(got, want);
 
@@ -578,11 +687,18 @@ fn grafana_connect_client_answers_like_the_http_api() {
         }
         let tree = http(&f, "/api/v1/query", &q);
         let want = http_tree(&tree, &["value", "self"]);
-        assert_eq!(unflatten(&fg.names, &level_values(&fg.levels), 1), want, "call {i}");
+        assert_eq!(
+            unflatten(&fg.names, &level_values(&fg.levels), 1),
+            want,
+            "call {i}"
+        );
         assert_eq!(fg.total, tree["value"].as_i64().unwrap());
         assert_eq!(fg.max_self, want.values().map(|v| v[1]).max().unwrap());
         if max_nodes.is_some() {
-            assert!(fg.names.iter().any(|n| n == "other"), "pruning makes `other` nodes");
+            assert!(
+                fg.names.iter().any(|n| n == "other"),
+                "pruning makes `other` nodes"
+            );
             assert!(want.len() < 64 * 2, "{} nodes", want.len());
         }
     }
@@ -598,12 +714,20 @@ fn grafana_connect_client_answers_like_the_http_api() {
 
     // SelectSeries: the HTTP API's range query.
     let (s60, gb) = ("60", "region");
-    let by_region = http_range(&http(&f, "/api/v1/query_range", &[("query", &app_cpu), ("step", s60), ("group_by", gb)]));
+    let by_region = http_range(&http(
+        &f,
+        "/api/v1/query_range",
+        &[("query", &app_cpu), ("step", s60), ("group_by", gb)],
+    ));
     let r: querier::SelectSeriesResponse = a[10].ok();
     assert_eq!(connect_range(&r), by_region);
     assert_eq!(by_region.len(), 2);
     // Without group_by, Pyroscope sums every series into one.
-    let per_series = http_range(&http(&f, "/api/v1/query_range", &[("query", &app_cpu), ("step", s60)]));
+    let per_series = http_range(&http(
+        &f,
+        "/api/v1/query_range",
+        &[("query", &app_cpu), ("step", s60)],
+    ));
     let mut summed: BTreeMap<i64, f64> = BTreeMap::new();
     for pts in per_series.values() {
         for (t, v) in pts {
@@ -611,7 +735,10 @@ fn grafana_connect_client_answers_like_the_http_api() {
         }
     }
     let r: querier::SelectSeriesResponse = a[11].ok();
-    assert_eq!(connect_range(&r), BTreeMap::from([(BTreeMap::new(), summed)]));
+    assert_eq!(
+        connect_range(&r),
+        BTreeMap::from([(BTreeMap::new(), summed)])
+    );
     // Average: per profile; the eu step at BASE_S holds two profiles.
     let r: querier::SelectSeriesResponse = a[12].ok();
     let avg = connect_range(&r);
@@ -619,7 +746,11 @@ fn grafana_connect_client_answers_like_the_http_api() {
         for (t, v) in pts {
             let n = PROFILES
                 .iter()
-                .filter(|p| p.1 == APP && p.0 != HEAP && Some(p.2) == labels.get("region").map(String::as_str))
+                .filter(|p| {
+                    p.1 == APP
+                        && p.0 != HEAP
+                        && Some(p.2) == labels.get("region").map(String::as_str)
+                })
                 .filter(|p| (p.3 * 1000 - START_MS) / 60_000 == (t - START_MS) / 60_000)
                 .count() as f64;
             assert!(n >= 1.0, "{labels:?} {t}");
@@ -671,7 +802,10 @@ fn grafana_connect_client_answers_like_the_http_api() {
     assert!(msg.contains("same profile type"), "{msg}");
     let (code, msg) = a[19].err();
     assert_eq!(code, "invalid_argument");
-    assert!(msg.contains("matchers[0]") && msg.contains("regex"), "{msg}");
+    assert!(
+        msg.contains("matchers[0]") && msg.contains("regex"),
+        "{msg}"
+    );
     let (code, msg) = a[20].err();
     assert_eq!(code, "unimplemented");
     assert!(msg.contains("PROFILE_FORMAT_DOT"), "{msg}");
@@ -682,7 +816,13 @@ fn grafana_connect_client_answers_like_the_http_api() {
         .get_json(
             Some(TENANT),
             "/pyroscope/render",
-            &[("query", app_cpu.as_str()), ("from", &from), ("until", &until), ("max-nodes", "64"), ("groupBy", "region")],
+            &[
+                ("query", app_cpu.as_str()),
+                ("from", &from),
+                ("until", &until),
+                ("max-nodes", "64"),
+                ("groupBy", "region"),
+            ],
         )
         .unwrap();
     let r7: querier::SelectMergeStacktracesResponse = a[7].ok();
@@ -693,14 +833,27 @@ fn grafana_connect_client_answers_like_the_http_api() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|l| l.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect())
+        .map(|l| {
+            l.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_i64().unwrap())
+                .collect()
+        })
         .collect();
     assert_eq!(levels, level_values(&fg7.levels));
     assert_eq!(fb["numTicks"].as_i64().unwrap(), fg7.total);
     assert_eq!(fb["maxSelf"].as_i64().unwrap(), fg7.max_self);
     assert_eq!(render["metadata"]["format"], "single");
     assert_eq!(render["metadata"]["units"], "samples");
-    let sum = |t: &Value| t["samples"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).sum::<i64>();
+    let sum = |t: &Value| {
+        t["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .sum::<i64>()
+    };
     assert_eq!(render["timeline"]["durationDelta"], 15);
     let groups = render["groups"].as_object().unwrap();
     assert_eq!(groups.keys().collect::<Vec<_>>(), ["eu", "us"]);
@@ -709,10 +862,18 @@ fn grafana_connect_client_answers_like_the_http_api() {
         .get_json(
             Some(TENANT),
             "/pyroscope/render",
-            &[("query", app_cpu.as_str()), ("from", &from), ("until", &until)],
+            &[
+                ("query", app_cpu.as_str()),
+                ("from", &from),
+                ("until", &until),
+            ],
         )
         .unwrap();
-    assert_eq!(sum(&render_one["timeline"]), fg7.total, "the timeline adds up to the flame graph");
+    assert_eq!(
+        sum(&render_one["timeline"]),
+        fg7.total,
+        "the timeline adds up to the flame graph"
+    );
 
     let render_diff = f
         .get_json(
@@ -733,15 +894,27 @@ fn grafana_connect_client_answers_like_the_http_api() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|l| l.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect())
+        .map(|l| {
+            l.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_i64().unwrap())
+                .collect()
+        })
         .collect();
     assert_eq!(dl, level_values(&fg.levels));
     assert_eq!(render_diff["metadata"]["format"], "double");
     assert_eq!(render_diff["leftTicks"].as_i64().unwrap(), fg.left_ticks);
     assert_eq!(render_diff["rightTicks"].as_i64().unwrap(), fg.right_ticks);
-    let (s, b) = f.get(Some(TENANT), "/pyroscope/render", &[("from", &from)]).unwrap();
+    let (s, b) = f
+        .get(Some(TENANT), "/pyroscope/render", &[("from", &from)])
+        .unwrap();
     assert_eq!(s, 400);
-    assert!(String::from_utf8_lossy(&b).contains("query is required"), "{}", String::from_utf8_lossy(&b));
+    assert!(
+        String::from_utf8_lossy(&b).contains("query is required"),
+        "{}",
+        String::from_utf8_lossy(&b)
+    );
 }
 
 /// Raw Connect requests a client library would never send: the protocol's
@@ -775,28 +948,57 @@ fn connect_protocol_edges() {
     let (s, ct, b) = post("application/json", TENANT, range.clone().into_bytes());
     assert_eq!((s, ct.as_str()), (200, "application/json"));
     let v: Value = serde_json::from_slice(&b).unwrap();
-    assert!(v["profileTypes"].as_array().unwrap().iter().any(|p| p["ID"]
-        .as_str()
-        .unwrap()
-        .starts_with("process_cpu:cpu")));
+    assert!(
+        v["profileTypes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["ID"].as_str().unwrap().starts_with("process_cpu:cpu"))
+    );
 
     // Tenants are isolated, and a bad tenant is named.
-    let (s, _, b) = post("application/json", "someone-else", range.clone().into_bytes());
+    let (s, _, b) = post(
+        "application/json",
+        "someone-else",
+        range.clone().into_bytes(),
+    );
     assert_eq!(s, 200);
     assert_eq!(serde_json::from_slice::<Value>(&b).unwrap(), json!({}));
     let (s, _, b) = post("application/json", "../etc", range.clone().into_bytes());
     let v: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!((s, v["code"].as_str()), (400, Some("invalid_argument")));
-    assert!(v["message"].as_str().unwrap().contains("X-Scope-OrgID"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("X-Scope-OrgID"),
+        "{v}"
+    );
 
     // Garbage protobuf, bad JSON, a wrong content type, a GET.
     for (ct, body, status, code, needle) in [
-        ("application/proto", vec![0xff, 0xff, 0xff, 0x01], 400, "invalid_argument", "ProfileTypesRequest"),
-        ("application/json", b"{\"start\": [1]}".to_vec(), 400, "invalid_argument", "ProfileTypesRequest"),
-        ("text/plain", b"hello".to_vec(), 415, "unimplemented", "application/proto"),
+        (
+            "application/proto",
+            vec![0xff, 0xff, 0xff, 0x01],
+            400,
+            "invalid_argument",
+            "ProfileTypesRequest",
+        ),
+        (
+            "application/json",
+            b"{\"start\": [1]}".to_vec(),
+            400,
+            "invalid_argument",
+            "ProfileTypesRequest",
+        ),
+        (
+            "text/plain",
+            b"hello".to_vec(),
+            415,
+            "unimplemented",
+            "application/proto",
+        ),
     ] {
         let (s, rct, b) = post(ct, TENANT, body);
-        let v: Value = serde_json::from_slice(&b).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&b)));
+        let v: Value = serde_json::from_slice(&b)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&b)));
         assert_eq!(s, status, "{v}");
         assert_eq!(rct, "application/json");
         assert_eq!(v["code"], code, "{v}");

@@ -323,19 +323,30 @@ mod tests {
         let e = decode::<LabelNamesRequest>(&h, Body::from("x"), "LabelNamesRequest")
             .await
             .unwrap_err();
-        assert_eq!(e.into_response().status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(
+            e.into_response().status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
 
         let h = headers(&[("content-type", "application/proto")]);
-        let e = decode::<LabelNamesRequest>(&h, Body::from(vec![0xff, 0xff, 0xff]), "LabelNamesRequest")
-            .await
-            .unwrap_err();
+        let e = decode::<LabelNamesRequest>(
+            &h,
+            Body::from(vec![0xff, 0xff, 0xff]),
+            "LabelNamesRequest",
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.code, Code::InvalidArgument);
         assert!(e.message.contains("LabelNamesRequest"), "{}", e.message);
 
         let h = headers(&[("content-type", "application/json")]);
-        let e = decode::<LabelNamesRequest>(&h, Body::from(r#"{"start": "soon"}"#), "LabelNamesRequest")
-            .await
-            .unwrap_err();
+        let e = decode::<LabelNamesRequest>(
+            &h,
+            Body::from(r#"{"start": "soon"}"#),
+            "LabelNamesRequest",
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.code, Code::InvalidArgument);
 
         // A gzip bomb stops at the limit.

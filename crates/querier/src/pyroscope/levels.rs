@@ -39,7 +39,11 @@ pub(crate) fn levels<const N: usize>(root: &FlameNode<N>) -> Levels {
     // Pre-order, left to right: every level is filled in increasing x.
     let mut stack: Vec<(&FlameNode<N>, usize, [i64; N])> = vec![(root, 0, [0; N])];
     while let Some((node, depth, x)) = stack.pop() {
-        let name = if depth == 0 { "total" } else { node.name.as_str() };
+        let name = if depth == 0 {
+            "total"
+        } else {
+            node.name.as_str()
+        };
         let i = *index.entry(name).or_insert_with(|| {
             names.push(name.to_owned());
             names.len() as i64 - 1
@@ -48,20 +52,18 @@ pub(crate) fn levels<const N: usize>(root: &FlameNode<N>) -> Levels {
             levels.push(Vec::new());
         }
         let level = &mut levels[depth];
-        for c in 0..N {
-            level.extend([x[c], node.value[c], node.self_value[c]]);
-            max_self = max_self.max(node.self_value[c]);
+        for ((x, total), slf) in x.iter().zip(&node.value).zip(&node.self_value) {
+            level.extend([*x, *total, *slf]);
+            max_self = max_self.max(*slf);
         }
         level.push(i);
-        let mut cx = x;
-        for c in 0..N {
-            cx[c] = cx[c].saturating_add(node.self_value[c]);
-        }
+        // The self part first, then the children left to right.
+        let mut cx: [i64; N] = std::array::from_fn(|c| x[c].saturating_add(node.self_value[c]));
         let mut kids = Vec::with_capacity(node.children.len());
         for child in &node.children {
             kids.push((child, depth + 1, cx));
-            for c in 0..N {
-                cx[c] = cx[c].saturating_add(child.value[c]);
+            for (a, v) in cx.iter_mut().zip(&child.value) {
+                *a = a.saturating_add(*v);
             }
         }
         stack.extend(kids.into_iter().rev());
@@ -221,7 +223,9 @@ pub(crate) mod tests {
 
     /// Real profiles: `go tool pprof`'s folded expectations in the shared
     /// test data, as (stack, value) rows per sample type.
-    fn corpus_rows(file: &str) -> BTreeMap<String, Vec<(Vec<String>, [i64; 1])>> {
+    type Rows = Vec<(Vec<String>, [i64; 1])>;
+
+    fn corpus_rows(file: &str) -> BTreeMap<String, Rows> {
         let path = format!(
             "{}/../../../shared/testdata/pprof/expected/{file}.folded.tsv.gz",
             env!("CARGO_MANIFEST_DIR")
@@ -237,8 +241,10 @@ pub(crate) mod tests {
             let (t, rest) = line.split_once('\t').unwrap();
             let (stack, v) = rest.rsplit_once('\t').unwrap();
             let frames = stack.split(';').map(str::to_owned).collect();
-            *out.entry(t.to_owned()).or_default().entry(frames).or_default() +=
-                v.parse::<i64>().unwrap();
+            *out.entry(t.to_owned())
+                .or_default()
+                .entry(frames)
+                .or_default() += v.parse::<i64>().unwrap();
         }
         out.into_iter()
             .map(|(t, rows)| (t, rows.into_iter().map(|(f, v)| (f, [v])).collect()))
@@ -310,10 +316,16 @@ pub(crate) mod tests {
         // total [0,6); a [0,4) self 1 then b [1,4); c [4,6).
         assert_eq!(
             l.levels,
-            vec![vec![0, 6, 0, 0], vec![0, 4, 1, 1, 0, 2, 2, 3], vec![1, 3, 3, 2]]
+            vec![
+                vec![0, 6, 0, 0],
+                vec![0, 4, 1, 1, 0, 2, 2, 3],
+                vec![1, 3, 3, 2]
+            ]
         );
         assert_eq!((l.total, l.max_self), (6, 3));
-        let pt: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds".parse().unwrap();
+        let pt: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+            .parse()
+            .unwrap();
         let fb = flamebearer(&l, &pt, json!(null), json!(null));
         assert_eq!(fb["flamebearer"]["levels"], json!(l.levels));
         assert_eq!(fb["flamebearer"]["numTicks"], 6);

@@ -73,24 +73,38 @@ pub(crate) fn router(q: Querier) -> axum::Router {
     axum::Router::new()
         .route(
             &format!("{SERVICE}/ProfileTypes"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| unary(q, h, b, "ProfileTypesRequest", profile_types)),
+            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
+                unary(q, h, b, "ProfileTypesRequest", profile_types)
+            }),
         )
         .route(
             &format!("{SERVICE}/LabelNames"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| unary(q, h, b, "LabelNamesRequest", label_names)),
+            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
+                unary(q, h, b, "LabelNamesRequest", label_names)
+            }),
         )
         .route(
             &format!("{SERVICE}/LabelValues"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| unary(q, h, b, "LabelValuesRequest", label_values)),
+            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
+                unary(q, h, b, "LabelValuesRequest", label_values)
+            }),
         )
         .route(
             &format!("{SERVICE}/Series"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| unary(q, h, b, "SeriesRequest", series)),
+            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
+                unary(q, h, b, "SeriesRequest", series)
+            }),
         )
         .route(
             &format!("{SERVICE}/SelectMergeStacktraces"),
             post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "SelectMergeStacktracesRequest", select_merge_stacktraces)
+                unary(
+                    q,
+                    h,
+                    b,
+                    "SelectMergeStacktracesRequest",
+                    select_merge_stacktraces,
+                )
             }),
         )
         .route(
@@ -101,11 +115,15 @@ pub(crate) fn router(q: Querier) -> axum::Router {
         )
         .route(
             &format!("{SERVICE}/SelectSeries"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| unary(q, h, b, "SelectSeriesRequest", select_series)),
+            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
+                unary(q, h, b, "SelectSeriesRequest", select_series)
+            }),
         )
         .route(
             &format!("{SERVICE}/Diff"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| unary(q, h, b, "DiffRequest", diff)),
+            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
+                unary(q, h, b, "DiffRequest", diff)
+            }),
         )
         .route("/pyroscope/render", get(render))
         .route("/pyroscope/render-diff", get(render_diff))
@@ -305,7 +323,10 @@ async fn label_names(
 ) -> Result<types::LabelNamesResponse, ConnectError> {
     let r = range_ms(&q, req.start, req.end)?;
     let series = matching_series(&q, &t, &req.matchers, &r).await?;
-    let names: BTreeSet<String> = series.iter().flat_map(|s| pyroscope_labels(s).into_keys()).collect();
+    let names: BTreeSet<String> = series
+        .iter()
+        .flat_map(|s| pyroscope_labels(s).into_keys())
+        .collect();
     Ok(types::LabelNamesResponse {
         names: names.into_iter().collect(),
     })
@@ -317,14 +338,17 @@ async fn label_values(
     req: types::LabelValuesRequest,
 ) -> Result<types::LabelValuesResponse, ConnectError> {
     if req.name.is_empty() {
-        return Err(ConnectError::invalid("name (the label whose values to list) is required"));
+        return Err(ConnectError::invalid(
+            "name (the label whose values to list) is required",
+        ));
     }
     let r = range_ms(&q, req.start, req.end)?;
     let series = matching_series(&q, &t, &req.matchers, &r).await?;
     let values: BTreeSet<String> = series
         .iter()
         .filter_map(|s| {
-            reserved(&s.profile_type, &req.name).or_else(|| s.labels.get(&req.name).map(str::to_owned))
+            reserved(&s.profile_type, &req.name)
+                .or_else(|| s.labels.get(&req.name).map(str::to_owned))
         })
         .filter(|v| !v.is_empty())
         .collect();
@@ -507,16 +531,23 @@ async fn select_merge_stacktraces(
         &req.trace_id_selector,
         &req.span_selector,
     )?;
-    if req
-        .r#async
-        .as_ref()
-        .is_some_and(|a| !a.request_id.is_empty() || a.r#type == querier::AsyncQueryType::Force as i32)
-    {
-        return Err(ConnectError::unimplemented("async queries are not supported"));
+    if req.r#async.as_ref().is_some_and(|a| {
+        !a.request_id.is_empty() || a.r#type == querier::AsyncQueryType::Force as i32
+    }) {
+        return Err(ConnectError::unimplemented(
+            "async queries are not supported",
+        ));
     }
-    let format = querier::ProfileFormat::try_from(req.format)
-        .map_err(|_| ConnectError::invalid(format!("format {} is not a ProfileFormat", req.format)))?;
-    let s = selection(&q, &req.profile_type_id, &req.label_selector, req.start, req.end)?;
+    let format = querier::ProfileFormat::try_from(req.format).map_err(|_| {
+        ConnectError::invalid(format!("format {} is not a ProfileFormat", req.format))
+    })?;
+    let s = selection(
+        &q,
+        &req.profile_type_id,
+        &req.label_selector,
+        req.start,
+        req.end,
+    )?;
     let nodes = request_max_nodes(&q, req.max_nodes)?;
     match format {
         querier::ProfileFormat::Unspecified | querier::ProfileFormat::Flamegraph => {
@@ -536,12 +567,12 @@ async fn select_merge_stacktraces(
                 ..Default::default()
             })
         }
-        querier::ProfileFormat::Tree | querier::ProfileFormat::Dot => Err(
-            ConnectError::unimplemented(format!(
+        querier::ProfileFormat::Tree | querier::ProfileFormat::Dot => {
+            Err(ConnectError::unimplemented(format!(
                 "format {} is not supported: use PROFILE_FORMAT_FLAMEGRAPH or PROFILE_FORMAT_PPROF",
                 format.as_str_name()
-            )),
-        ),
+            )))
+        }
     }
 }
 
@@ -556,7 +587,13 @@ async fn select_merge_profile(
         &req.trace_id_selector,
         &[],
     )?;
-    let s = selection(&q, &req.profile_type_id, &req.label_selector, req.start, req.end)?;
+    let s = selection(
+        &q,
+        &req.profile_type_id,
+        &req.label_selector,
+        req.start,
+        req.end,
+    )?;
     // Validated like the flame graph's, but the pprof is whole (as
     // `/api/v1/query?format=pprof`).
     request_max_nodes(&q, req.max_nodes)?;
@@ -587,6 +624,9 @@ fn step_nanos(q: &Querier, step_secs: f64, r: &Range) -> Result<i64, ApiError> {
     Ok(step)
 }
 
+/// A series' points: (unix ms, value).
+type Points = Vec<(i64, f64)>;
+
 /// What [`series_points`] computes.
 struct SeriesQuery<'a> {
     selection: &'a Selection,
@@ -604,7 +644,7 @@ async fn series_points(
     q: &Querier,
     t: &TenantId,
     sq: SeriesQuery<'_>,
-) -> Result<Vec<(Labels, Vec<(i64, f64)>)>, ApiError> {
+) -> Result<Vec<(Labels, Points)>, ApiError> {
     let s = sq.selection;
     if sq.group_by.len() > MAX_GROUP_BY {
         return Err(ApiError::bad_request(format!(
@@ -646,7 +686,7 @@ async fn series_points(
             p.1 += rs.profiles.get(i).copied().unwrap_or(0);
         }
     }
-    let mut out: Vec<(Labels, Vec<(i64, f64)>, f64)> = groups
+    let mut out: Vec<(Labels, Points, f64)> = groups
         .into_iter()
         .map(|(mut labels, pts)| {
             for g in &virt {
@@ -696,13 +736,20 @@ async fn select_series(
     req: querier::SelectSeriesRequest,
 ) -> Result<querier::SelectSeriesResponse, ConnectError> {
     refuse_unsupported(req.stack_trace_selector.as_ref(), &[], &[], &[])?;
-    let s = selection(&q, &req.profile_type_id, &req.label_selector, req.start, req.end)?;
+    let s = selection(
+        &q,
+        &req.profile_type_id,
+        &req.label_selector,
+        req.start,
+        req.end,
+    )?;
     let step = step_nanos(&q, req.step, &s.range)?;
     let limit = match req.limit {
         None | Some(0) => None,
-        Some(n) => Some(usize::try_from(n).map_err(|_| {
-            ConnectError::invalid(format!("limit {n} must not be negative"))
-        })?),
+        Some(n) => Some(
+            usize::try_from(n)
+                .map_err(|_| ConnectError::invalid(format!("limit {n} must not be negative")))?,
+        ),
     };
     let points = series_points(
         &q,
@@ -994,7 +1041,9 @@ mod tests {
 
     #[test]
     fn reserved_labels_select_by_profile_type() {
-        let cpu: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds".parse().unwrap();
+        let cpu: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+            .parse()
+            .unwrap();
         let mem: ProfileType = "memory:inuse_space:bytes:space:bytes".parse().unwrap();
         let s = PSelector::parse(
             r#"{__profile_type__="process_cpu:cpu:nanoseconds:cpu:nanoseconds", service_name="a"}"#,
@@ -1011,7 +1060,9 @@ mod tests {
         let s = PSelector::parse("{}", "m").unwrap();
         assert!(s.labels.matchers.is_empty() && s.reserved.is_empty());
         assert!(PSelector::parse("", "m").is_ok());
-        let e = PSelector::parse("{service_name=}", "label_selector").err().unwrap();
+        let e = PSelector::parse("{service_name=}", "label_selector")
+            .err()
+            .unwrap();
         assert!(e.to_string().starts_with("label_selector: "), "{e}");
     }
 
@@ -1020,9 +1071,20 @@ mod tests {
         let now = 1_700_000_000_000_000_000;
         assert_eq!(render_time("1700000000", now, "from").unwrap(), now);
         assert_eq!(render_time("1700000000000", now, "from").unwrap(), now);
-        assert_eq!(render_time("1700000000000000000", now, "from").unwrap(), now);
-        assert_eq!(render_time("now-1h", now, "from").unwrap(), now - 3_600_000_000_000);
-        assert!(render_time("tomorrow", now, "from").unwrap_err().to_string().contains("from"));
+        assert_eq!(
+            render_time("1700000000000000000", now, "from").unwrap(),
+            now
+        );
+        assert_eq!(
+            render_time("now-1h", now, "from").unwrap(),
+            now - 3_600_000_000_000
+        );
+        assert!(
+            render_time("tomorrow", now, "from")
+                .unwrap_err()
+                .to_string()
+                .contains("from")
+        );
     }
 
     #[test]
