@@ -312,6 +312,22 @@ fn http_tree(v: &Value, keys: &[&str]) -> BTreeMap<Vec<String>, Vec<i64>> {
     out
 }
 
+/// The levels of a flamebearer JSON.
+fn flamebearer_levels(fb: &Value) -> Vec<Vec<i64>> {
+    fb["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            l.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_i64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
 fn level_values(l: &[querier::Level]) -> Vec<Vec<i64>> {
     l.iter().map(|l| l.values.clone()).collect()
 }
@@ -829,19 +845,7 @@ fn grafana_connect_client_answers_like_the_http_api() {
     let fg7 = r7.flamegraph.unwrap();
     let fb = &render["flamebearer"];
     assert_eq!(strings(&fb["names"]), fg7.names);
-    let levels: Vec<Vec<i64>> = fb["levels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            l.as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_i64().unwrap())
-                .collect()
-        })
-        .collect();
-    assert_eq!(levels, level_values(&fg7.levels));
+    assert_eq!(flamebearer_levels(fb), level_values(&fg7.levels));
     assert_eq!(fb["numTicks"].as_i64().unwrap(), fg7.total);
     assert_eq!(fb["maxSelf"].as_i64().unwrap(), fg7.max_self);
     assert_eq!(render["metadata"]["format"], "single");
@@ -890,19 +894,10 @@ fn grafana_connect_client_answers_like_the_http_api() {
             ],
         )
         .unwrap();
-    let dl: Vec<Vec<i64>> = render_diff["flamebearer"]["levels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            l.as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_i64().unwrap())
-                .collect()
-        })
-        .collect();
-    assert_eq!(dl, level_values(&fg.levels));
+    assert_eq!(
+        flamebearer_levels(&render_diff["flamebearer"]),
+        level_values(&fg.levels)
+    );
     assert_eq!(render_diff["metadata"]["format"], "double");
     assert_eq!(render_diff["leftTicks"].as_i64().unwrap(), fg.left_ticks);
     assert_eq!(render_diff["rightTicks"].as_i64().unwrap(), fg.right_ticks);
