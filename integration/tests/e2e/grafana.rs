@@ -575,6 +575,12 @@ fn grafana_connect_client_answers_like_the_http_api() {
             SMS,
             stacks(json!({"format": "PROFILE_FORMAT_DOT"})),
         ),
+        /* 21 */
+        call(
+            "get_profile_stats",
+            "types.v1.GetProfileStatsRequest",
+            json!({}),
+        ),
     ];
     let a = connect_calls(&f, &calls);
 
@@ -825,6 +831,13 @@ fn grafana_connect_client_answers_like_the_http_api() {
     let (code, msg) = a[20].err();
     assert_eq!(code, "unimplemented");
     assert!(msg.contains("PROFILE_FORMAT_DOT"), "{msg}");
+
+    // GetProfileStats: the span of everything ingested.
+    let stats: types::GetProfileStatsResponse = a[21].ok();
+    assert!(stats.data_ingested);
+    let times = PROFILES.iter().map(|p| p.3 * 1000);
+    assert_eq!(stats.oldest_profile_time, times.clone().min().unwrap());
+    assert_eq!(stats.newest_profile_time, times.max().unwrap());
 
     // The flamebearer endpoints: the same flame graphs, with a timeline.
     let (from, until) = (START_MS.to_string(), END_MS.to_string());

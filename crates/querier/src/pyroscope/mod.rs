@@ -125,6 +125,12 @@ pub(crate) fn router(q: Querier) -> axum::Router {
                 unary(q, h, b, "DiffRequest", diff)
             }),
         )
+        .route(
+            &format!("{SERVICE}/GetProfileStats"),
+            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
+                unary(q, h, b, "GetProfileStatsRequest", profile_stats)
+            }),
+        )
         .route("/pyroscope/render", get(render))
         .route("/pyroscope/render-diff", get(render_diff))
         .with_state(q)
@@ -821,6 +827,38 @@ async fn diff(
             total: lv.total,
             max_self: lv.max_self,
         }),
+    })
+}
+
+/// Whether the tenant has data at all, and its oldest and newest profile
+/// times: from the heads and the block index (block metadata only).
+async fn profile_stats(
+    q: Querier,
+    t: TenantId,
+    _req: types::GetProfileStatsRequest,
+) -> Result<types::GetProfileStatsResponse, ConnectError> {
+    let heads = q.inner.head.snapshot(&t, i64::MIN, i64::MAX).await?;
+    let blocks = q.blocks(&t, i64::MIN, i64::MAX).await?;
+    let spans = heads
+        .iter()
+        .flat_map(|h| {
+            h.series
+                .iter()
+                .map(|s| (s.min_time_nanos, s.max_time_nanos))
+        })
+        .chain(blocks.iter().map(|b| (b.min_time_nanos, b.max_time_nanos)));
+    let (mut oldest, mut newest, mut any) = (i64::MAX, i64::MIN, false);
+    for (lo, hi) in spans {
+        (oldest, newest, any) = (oldest.min(lo), newest.max(hi), true);
+    }
+    Ok(if any {
+        types::GetProfileStatsResponse {
+            data_ingested: true,
+            oldest_profile_time: oldest / 1_000_000,
+            newest_profile_time: newest / 1_000_000,
+        }
+    } else {
+        types::GetProfileStatsResponse::default()
     })
 }
 
