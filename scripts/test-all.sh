@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver)
 # Python with pip, unless one is already on PATH (e.g. pyenv).
 python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
+# ...and venv support (Debian splits ensurepip out).
+python3 -c 'import ensurepip' >/dev/null 2>&1 || apt_pkgs+=(python3-venv)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -23,6 +25,17 @@ if ! python3 -c 'import pyroscope, pyarrow, adbc_driver_flightsql, selenium' 2>/
   # Debian's own Python refuses pip installs without this flag (PEP 668).
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
+fi
+# Grafana's Connect client (connectrpc) and its code generators, in a venv of
+# their own under the target directory: their protobuf runtime must not meet
+# the pinned SDKs' (the Grafana e2e test looks for it there).
+connect_venv="${CARGO_TARGET_DIR:-target}/py-connect"
+connect_pkgs=('connectrpc==0.13.0' 'protoc-gen-connectrpc==0.13.0' 'protobuf-py==0.7.0' 'protoc-gen-py==0.7.0')
+if ! "$connect_venv/bin/python" -c 'import connectrpc, protobuf' 2>/dev/null ||
+  [ ! -x "$connect_venv/bin/protoc-gen-py" ] || [ ! -x "$connect_venv/bin/protoc-gen-connectrpc" ]; then
+  echo "installing ${connect_pkgs[*]} into $connect_venv"
+  python3 -m venv "$connect_venv"
+  "$connect_venv/bin/python" -m pip install -q "${connect_pkgs[@]}"
 fi
 # Garage, the S3 server of the object-storage tests (about 20 minutes to
 # build; only when missing).

@@ -4,6 +4,10 @@
 //! - [`pprof`]: Google's pprof `Profile`, as clients send it and as the query
 //!   API returns it.
 //! - [`push`]: `fathom.push.v1.PushService`, the native push API.
+//! - [`pyroscope`]: Pyroscope's public query API (`querier.v1`, `types.v1`,
+//!   `google.v1`), which Grafana's Pyroscope data source speaks over
+//!   Connect; its messages also (de)serialize in the protobuf JSON mapping
+//!   (serde, via pbjson) for Connect's `application/json`.
 //! - [`ingester`]: `fathom.ingester.v1`, the normalized write a distributor
 //!   sends to ingesters; the ingester's write-ahead log stores the same
 //!   message, so replay and network writes share one decoder;
@@ -30,6 +34,34 @@ pub mod push {
 #[allow(unreachable_pub, clippy::all)]
 pub mod ingester {
     include!(concat!(env!("OUT_DIR"), "/fathom.ingester.v1.rs"));
+}
+
+/// Pyroscope's public API types, in modules named after their protobuf
+/// packages (`types.v1` is `pyroscope::types::v1`), as prost's generated
+/// cross-package paths expect.
+pub mod pyroscope {
+    pub mod types {
+        #[allow(unreachable_pub, clippy::all)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/types.v1.rs"));
+            include!(concat!(env!("OUT_DIR"), "/types.v1.serde.rs"));
+        }
+    }
+    pub mod google {
+        /// pprof's `Profile` as Pyroscope's API names it.
+        #[allow(unreachable_pub, clippy::all)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/google.v1.rs"));
+            include!(concat!(env!("OUT_DIR"), "/google.v1.serde.rs"));
+        }
+    }
+    pub mod querier {
+        #[allow(unreachable_pub, clippy::all)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/querier.v1.rs"));
+            include!(concat!(env!("OUT_DIR"), "/querier.v1.serde.rs"));
+        }
+    }
 }
 
 use fathom_model as model;

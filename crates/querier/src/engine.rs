@@ -8,7 +8,7 @@ use arrow::datatypes::Int64Type;
 use datafusion::common::ScalarValue;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
-use datafusion::functions_aggregate::expr_fn::sum;
+use datafusion::functions_aggregate::expr_fn::{count_distinct, sum};
 use datafusion::prelude::*;
 use fathom_block::{BlockMeta, SeriesRow, files, samples_schema};
 use fathom_model::{Id, Labels, ProfileType, Selector, Symbols, TenantId};
@@ -98,6 +98,9 @@ impl Merged {
 pub struct RangeSeries {
     pub labels: Labels,
     pub points: Vec<(i64, i64)>,
+    /// The distinct profiles behind each point (same order as `points`)
+    /// when counted ([`Querier::range_counting`]), else empty.
+    pub profiles: Vec<i64>,
 }
 
 enum SourceKind {
@@ -444,6 +447,24 @@ impl Querier {
         step: i64,
         group_by: Vec<String>,
     ) -> Result<Vec<RangeSeries>, QueryError> {
+        self.range_counting(tenant, sel, start, end, step, group_by, false)
+            .await
+    }
+
+    /// As [`Querier::range`], and with `count_profiles` also the number of
+    /// distinct profiles behind each point ([`RangeSeries::profiles`]), for
+    /// per-profile averages.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn range_counting(
+        &self,
+        tenant: &TenantId,
+        sel: &Selector,
+        start: i64,
+        end: i64,
+        step: i64,
+        group_by: Vec<String>,
+        count_profiles: bool,
+    ) -> Result<Vec<RangeSeries>, QueryError> {
         if sel.profile_type.is_none() {
             return Err(QueryError::BadRequest(
                 "query_range needs a profile type in the selector".into(),
@@ -454,14 +475,16 @@ impl Querier {
         let sel = sel.clone();
         self.run(async move {
             let plan = this.plan(&tenant, &sel, start, end).await?;
-            let mut acc: BTreeMap<Labels, BTreeMap<i64, i64>> = BTreeMap::new();
+            // (value, profiles) per labels and point.
+            let mut acc: BTreeMap<Labels, BTreeMap<i64, (i64, i64)>> = BTreeMap::new();
             if let Some((_ctx, df)) = this.frame(&plan, start, end).await? {
                 let bucket = ((col("time_nanos") - lit(start)) / lit(step)).alias("bucket");
+                let mut aggs = vec![sum(col("value")).alias("value")];
+                if count_profiles {
+                    aggs.push(count_distinct(col("profile_id")).alias("profiles"));
+                }
                 let batches = df
-                    .aggregate(
-                        vec![col("series_id"), bucket],
-                        vec![sum(col("value")).alias("value")],
-                    )?
+                    .aggregate(vec![col("series_id"), bucket], aggs)?
                     .collect()
                     .await?;
                 for b in &batches {
@@ -472,6 +495,7 @@ impl Querier {
                         .ok_or_else(|| QueryError::Task("series_id column type".into()))?;
                     let buckets = b.column(1).as_primitive::<Int64Type>();
                     let vals = b.column(2).as_primitive::<Int64Type>();
+                    let counts = count_profiles.then(|| b.column(3).as_primitive::<Int64Type>());
                     for i in 0..b.num_rows() {
                         let Some(sid) = Id::from_slice(ids.value(i)) else {
                             continue;
@@ -485,7 +509,9 @@ impl Querier {
                             s.labels.keep(&group_by)
                         };
                         let t_ms = (start + buckets.value(i) * step) / 1_000_000;
-                        *acc.entry(labels).or_default().entry(t_ms).or_default() += vals.value(i);
+                        let p = acc.entry(labels).or_default().entry(t_ms).or_default();
+                        p.0 += vals.value(i);
+                        p.1 += counts.map_or(0, |c| c.value(i));
                     }
                 }
             }
@@ -493,7 +519,12 @@ impl Querier {
                 .into_iter()
                 .map(|(labels, pts)| RangeSeries {
                     labels,
-                    points: pts.into_iter().collect(),
+                    profiles: if count_profiles {
+                        pts.values().map(|p| p.1).collect()
+                    } else {
+                        Vec::new()
+                    },
+                    points: pts.into_iter().map(|(t, p)| (t, p.0)).collect(),
                 })
                 .collect())
         })

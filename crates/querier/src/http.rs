@@ -16,7 +16,8 @@ use crate::render::{flamegraph, folded, folded_for_display, folded_text, top};
 
 type Params = Query<HashMap<String, String>>;
 
-/// The query routes, to be merged into the server's router.
+/// The query routes (Fathom's and Pyroscope's, [`crate::pyroscope`]), to be
+/// merged into the server's router.
 pub fn router(q: Querier) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/profile_types", get(profile_types))
@@ -27,7 +28,8 @@ pub fn router(q: Querier) -> axum::Router {
         .route("/api/v1/query", get(query))
         .route("/api/v1/diff", get(diff))
         .route("/api/v1/changes", get(changes))
-        .with_state(q)
+        .with_state(q.clone())
+        .merge(crate::pyroscope::router(q))
 }
 
 pub(crate) struct Range {
@@ -54,10 +56,22 @@ pub(crate) fn range(
         }
         None => end - 3600 * 1_000_000_000,
     };
+    check_range(q, start, end, s, e)
+}
+
+/// `[start, end]` (unix nanoseconds) if it is ordered and within the
+/// longest query range; `s` and `e` name the bounds in errors.
+pub(crate) fn check_range(
+    q: &Querier,
+    start: i64,
+    end: i64,
+    s: &str,
+    e: &str,
+) -> Result<Range, ApiError> {
     if start > end {
         return Err(ApiError::bad_request(format!("{s} is after {e}")));
     }
-    if end - start > q.config().max_range_nanos {
+    if end.saturating_sub(start) > q.config().max_range_nanos {
         return Err(ApiError::bad_request(format!(
             "the range {s}..{e} is longer than the limit of {} hours",
             q.config().max_range_nanos / 3_600_000_000_000
@@ -225,21 +239,29 @@ pub(crate) fn parse_step(s: &str) -> Result<i64, ApiError> {
     Ok(nanos)
 }
 
+/// Flame graph nodes kept when a request does not say.
+pub(crate) const DEFAULT_MAX_NODES: usize = 8192;
+
 fn max_nodes(q: &Querier, p: &HashMap<String, String>) -> Result<usize, ApiError> {
     match p.get("max_nodes") {
-        None => Ok(8192),
+        None => Ok(DEFAULT_MAX_NODES),
         Some(s) => {
-            let n: usize = s.parse().map_err(|_| {
+            let n: i64 = s.parse().map_err(|_| {
                 ApiError::bad_request(format!("max_nodes {s:?} is not a positive integer"))
             })?;
-            if n == 0 || n > q.config().max_flame_nodes {
-                return Err(ApiError::bad_request(format!(
-                    "max_nodes must be between 1 and {}",
-                    q.config().max_flame_nodes
-                )));
-            }
-            Ok(n)
+            check_max_nodes(q, n)
         }
+    }
+}
+
+/// `n` as a node count if it is between 1 and the configured maximum.
+pub(crate) fn check_max_nodes(q: &Querier, n: i64) -> Result<usize, ApiError> {
+    let max = q.config().max_flame_nodes;
+    match usize::try_from(n) {
+        Ok(n) if n >= 1 && n <= max => Ok(n),
+        _ => Err(ApiError::bad_request(format!(
+            "max_nodes must be between 1 and {max}"
+        ))),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The querier: answers merge, range, diff and metadata queries over the
 //! ingesters' heads (recent data) and the blocks in object storage (older
-//! data), executing with DataFusion, and serves them over HTTP.
+//! data), executing with DataFusion, and serves them over HTTP (Fathom's
+//! API, and Pyroscope's query API for Grafana: [`pyroscope`]).
 //!
 //! ```text
 //!  selector, [start, end]
@@ -31,6 +32,7 @@ mod engine;
 mod executor;
 mod flight;
 mod http;
+mod pyroscope;
 mod remote;
 mod render;
 mod sql;
