@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver)
 # Python with pip, unless one is already on PATH (e.g. pyenv).
-python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
+python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip python3-venv)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -23,6 +23,14 @@ if ! python3 -c 'import pyroscope, pyarrow, adbc_driver_flightsql, selenium' 2>/
   # Debian's own Python refuses pip installs without this flag (PEP 668).
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
+fi
+# pyroscope-io 1.4.x (it pushes over push.v1) for its e2e test, in a venv
+# under the target directory: the system Python keeps 0.8.16 for the
+# legacy-SDK test. The test creates the same venv if it is missing.
+venv="${CARGO_TARGET_DIR:-target}/pyroscope-io-1.4"
+if ! "$venv/bin/python" -c 'import pyroscope' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q 'pyroscope-io>=1.4,<1.5'
 fi
 # Garage, the S3 server of the object-storage tests (about 20 minutes to
 # build; only when missing).

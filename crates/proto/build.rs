@@ -1,12 +1,26 @@
 fn main() {
+    let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR is set"));
+    let descriptors = out.join("descriptors.bin");
     tonic_prost_build::configure()
+        .file_descriptor_set_path(&descriptors)
         .compile_protos(
             &[
                 "proto/profile.proto",
                 "proto/push.proto",
                 "proto/ingester.proto",
+                "proto/types/v1/types.proto",
+                "proto/push/v1/push.proto",
             ],
             &["proto"],
         )
         .expect("compile protos (needs protoc: apt-get install protobuf-compiler)");
+    // Pyroscope's Connect API also speaks JSON: serde impls that follow the
+    // canonical protobuf JSON mapping (camelCase or original names, bytes as
+    // base64, 64-bit integers as strings).
+    let set = std::fs::read(&descriptors).expect("read the file descriptor set");
+    pbjson_build::Builder::new()
+        .register_descriptors(&set)
+        .expect("register descriptors")
+        .build(&[".push.v1", ".types.v1"])
+        .expect("generate the JSON mapping");
 }

@@ -4,6 +4,11 @@
 //! - [`pprof`]: Google's pprof `Profile`, as clients send it and as the query
 //!   API returns it.
 //! - [`push`]: `fathom.push.v1.PushService`, the native push API.
+//! - [`pyroscope`]: Grafana Pyroscope's public API types, written from
+//!   Pyroscope's definitions with the same packages and field numbers:
+//!   `push.v1.PusherService` (what current Pyroscope SDKs push with, over
+//!   Connect or gRPC) and `types.v1`; with serde impls of the canonical
+//!   protobuf JSON mapping for Connect's `application/json`.
 //! - [`ingester`]: `fathom.ingester.v1`, the normalized write a distributor
 //!   sends to ingesters; the ingester's write-ahead log stores the same
 //!   message, so replay and network writes share one decoder;
@@ -25,6 +30,25 @@ pub mod pprof {
 #[allow(unreachable_pub, clippy::all)]
 pub mod push {
     include!(concat!(env!("OUT_DIR"), "/fathom.push.v1.rs"));
+}
+
+/// Grafana Pyroscope's API packages, nested as their proto packages are
+/// (`push.v1` refers to `types.v1` as `super::super::types::v1`).
+pub mod pyroscope {
+    pub mod types {
+        #[allow(unreachable_pub, clippy::all)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/types.v1.rs"));
+            include!(concat!(env!("OUT_DIR"), "/types.v1.serde.rs"));
+        }
+    }
+    pub mod push {
+        #[allow(unreachable_pub, clippy::all)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/push.v1.rs"));
+            include!(concat!(env!("OUT_DIR"), "/push.v1.serde.rs"));
+        }
+    }
 }
 
 #[allow(unreachable_pub, clippy::all)]

@@ -1,0 +1,529 @@
+//! The ingest service: the one path from payload bytes to an acknowledged
+//! write, whatever the protocol.
+//!
+//! ```text
+//!  adapter (POST /ingest, gRPC fathom.push.v1, push.v1 Connect/gRPC, …)
+//!     │  tenant, received bytes, payloads [{format, body, labels, hints, idempotence}]
+//!     ▼
+//!  Distributor::ingest ── count limit ──► blocking pool: per payload
+//!        gunzip (bounded by what is left of the request's decompressed budget)
+//!        ─► seed (idempotence) ─► decode + normalize by format ─► Normalized
+//!     ─► one IngestBatch ─► accept (label/sample limits, time) ─► IngesterWriter ─► Accepted
+//! ```
+//!
+//! An adapter only parses its protocol (URL parameters, protobuf or JSON
+//! envelopes, headers) into an [`IngestRequest`]; everything that depends on
+//! the payload's bytes happens here, so limits and error messages are the
+//! same on every protocol.
+//!
+//! # Adding a format
+//!
+//! Add a variant to [`Format`] (with whatever parameters the format takes)
+//! and an arm to `decode` below that turns the decompressed body into a
+//! [`Normalized`]. The decoder runs on the blocking pool, gets
+//! [`DecodeContext`] (series labels, name hint, time overrides, the profile
+//! id seed, size limits) and must honour it: put `ctx.labels` on every
+//! profile, derive profile ids from `ctx.seed`, never allocate past
+//! `ctx.limits`. Errors are [`ApiError`]s (400 for bad input, 413 for a
+//! limit); the service prefixes them with the payload's
+//! [`Payload::context`].
+
+use bytes::Bytes;
+use fathom_api::{ApiError, now_nanos};
+use fathom_model::{Id, IdHasher, IngestBatch, Labels, Symbols, TenantId};
+use fathom_pprof::Normalized;
+
+use crate::Distributor;
+
+/// How a payload's bytes are encoded.
+#[derive(Clone, Debug)]
+pub enum Format {
+    /// pprof protobuf, or any legacy format `go tool pprof` reads.
+    Pprof,
+    /// Folded stacks (`a;b;c 42` lines), with Pyroscope's `/ingest`
+    /// parameters.
+    Folded(FoldedParams),
+}
+
+impl Format {
+    /// The name used in messages and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Format::Pprof => "pprof",
+            Format::Folded(_) => "folded",
+        }
+    }
+}
+
+/// The parameters of folded text (see `docs/ingest-formats.md`).
+#[derive(Clone, Debug, Default)]
+pub struct FoldedParams {
+    /// `units` of Pyroscope's `/ingest` (`samples`, `objects`, `bytes`, …).
+    pub units: Option<String>,
+    /// Samples per second of CPU and wall profiles (default 100).
+    pub sample_rate: Option<u32>,
+    pub aggregation: fathom_pprof::Aggregation,
+}
+
+/// How a payload's body is compressed. gzip is also recognized by its
+/// magic bytes whatever this says, so `Identity` means "not declared".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Encoding {
+    #[default]
+    Identity,
+    Gzip,
+}
+
+/// How a payload's profile ids are derived. The same ids are stored once
+/// (the ingester ignores a profile id it has, queries count an id once), so
+/// this decides what a retry is.
+#[derive(Clone, Debug)]
+pub enum Idempotence {
+    /// A key the client chose (Pyroscope's sample `ID`, the native push's
+    /// `profile_id`): a retry with the same key and labels is stored once.
+    Key(Id),
+    /// Derived from the content: the tenant, these strings (the request's
+    /// parameters), the payload's labels and its decompressed bytes.
+    Content(Vec<String>),
+}
+
+/// One profile to ingest.
+#[derive(Clone, Debug)]
+pub struct Payload {
+    pub format: Format,
+    /// The body as received (after any transport-level decompression of the
+    /// request that carried it).
+    pub body: Bytes,
+    pub encoding: Encoding,
+    /// Series labels of every profile decoded from this payload,
+    /// `service_name` included.
+    pub labels: Labels,
+    /// A Pyroscope-style profile name (`__name__`, or the `.cpu` suffix of
+    /// `/ingest`'s name) for when the sample types do not decide it.
+    pub name_hint: Option<String>,
+    /// Overrides of the profile's start time and duration (nanoseconds).
+    pub time_nanos: Option<i64>,
+    pub duration_nanos: Option<i64>,
+    pub idempotence: Idempotence,
+    /// Names this payload in error messages (`series 2 sample 0`); empty
+    /// for a request with one payload.
+    pub context: String,
+}
+
+impl Payload {
+    /// A payload with no labels, hints or overrides, and a content-derived
+    /// id seed.
+    pub fn new(format: Format, body: Bytes) -> Self {
+        Payload {
+            format,
+            body,
+            encoding: Encoding::Identity,
+            labels: Labels::new(),
+            name_hint: None,
+            time_nanos: None,
+            duration_nanos: None,
+            idempotence: Idempotence::Content(Vec::new()),
+            context: String::new(),
+        }
+    }
+}
+
+/// A write: every payload is stored, or none.
+#[derive(Clone, Debug)]
+pub struct IngestRequest {
+    pub tenant: TenantId,
+    /// Bytes received on the wire for this request (metrics).
+    pub received_bytes: usize,
+    pub payloads: Vec<Payload>,
+}
+
+/// What a write stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Accepted {
+    pub profiles: usize,
+    pub samples: usize,
+}
+
+/// What a decoder gets besides the body.
+#[derive(Clone, Debug)]
+pub struct DecodeContext {
+    pub labels: Labels,
+    pub name_hint: Option<String>,
+    pub time_nanos: Option<i64>,
+    pub duration_nanos: Option<i64>,
+    /// Seeds the profile ids (`NormalizeOptions::profile_id_seed`).
+    pub seed: Id,
+    pub limits: fathom_pprof::Limits,
+}
+
+impl Distributor {
+    /// Decodes every payload on the blocking pool and writes them as one
+    /// batch; returns once the write is durable. All or nothing: the first
+    /// bad payload refuses the request (its [`Payload::context`] in the
+    /// message) and nothing is written.
+    ///
+    /// Bounds: at most `max_profiles_per_push` payloads; the decompressed
+    /// bodies of all payloads together at most `max_decompressed_bytes`;
+    /// then the per-profile label and sample limits of [`Distributor::accept`].
+    pub async fn ingest(&self, req: IngestRequest) -> Result<Accepted, ApiError> {
+        self.metrics.bytes.inc_by(req.received_bytes as u64);
+        let l = &self.limits;
+        if req.payloads.len() > l.max_profiles_per_push {
+            return Err(ApiError::TooLarge(format!(
+                "the request has {} profiles; the limit is {}",
+                req.payloads.len(),
+                l.max_profiles_per_push
+            )));
+        }
+        if req.payloads.is_empty() {
+            return Ok(Accepted::default());
+        }
+        let limits = self.limits.clone();
+        let metrics = self.metrics.clone();
+        let tenant = req.tenant.clone();
+        let (profiles, symbols) = tokio::task::spawn_blocking(move || {
+            let mut budget = limits.max_decompressed_bytes;
+            let mut profiles = Vec::new();
+            let mut symbols = Symbols::default();
+            let single = req.payloads.len() == 1;
+            for p in req.payloads {
+                let n = decode_payload(&tenant, p, &limits, &mut budget, single, &metrics)?;
+                if profiles.is_empty() {
+                    profiles = n.profiles;
+                    symbols = n.symbols;
+                } else {
+                    profiles.extend(n.profiles);
+                    symbols.merge(&n.symbols);
+                }
+            }
+            Ok::<_, ApiError>((profiles, symbols))
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
+        let (profiles, samples) = self
+            .accept(
+                IngestBatch {
+                    tenant: req.tenant,
+                    profiles,
+                    symbols,
+                },
+                now_nanos(),
+            )
+            .await?;
+        Ok(Accepted { profiles, samples })
+    }
+
+    /// Counts a request of `protocol` as ok or error (adapters call it
+    /// once per request, whether it failed in the adapter or here).
+    pub fn count_request(&self, protocol: &str, ok: bool) {
+        self.count(protocol, if ok { "ok" } else { "error" });
+    }
+
+    /// Inflates a gzip'd request body (a transport encoding such as
+    /// Connect's `Content-Encoding: gzip`), never past
+    /// `max_decompressed_bytes`.
+    pub fn gunzip_request(&self, body: &[u8]) -> Result<Vec<u8>, ApiError> {
+        gunzip_bounded(body, self.limits.max_decompressed_bytes)
+    }
+}
+
+/// Prefixes a message with the payload's context, if any.
+fn with_context(context: &str, e: ApiError) -> ApiError {
+    if context.is_empty() {
+        return e;
+    }
+    match e {
+        ApiError::BadRequest(m) => ApiError::BadRequest(format!("{context}: {m}")),
+        ApiError::TooLarge(m) => ApiError::TooLarge(format!("{context}: {m}")),
+        other => other,
+    }
+}
+
+fn decode_payload(
+    tenant: &TenantId,
+    p: Payload,
+    limits: &crate::Limits,
+    budget: &mut usize,
+    single: bool,
+    metrics: &crate::Metrics,
+) -> Result<Normalized, ApiError> {
+    let ctx_name = p.context.clone();
+    let r = (|| {
+        if p.body.is_empty() {
+            return Err(ApiError::bad_request("the profile is empty (zero bytes)"));
+        }
+        let gz = p.encoding == Encoding::Gzip || p.body.starts_with(&[0x1f, 0x8b]);
+        let body: Bytes = if gz {
+            Bytes::from(gunzip_bounded(&p.body, *budget).map_err(|e| match e {
+                ApiError::TooLarge(_) if !single => ApiError::TooLarge(format!(
+                    "the request's profiles decompress to more than the limit of {} bytes",
+                    limits.max_decompressed_bytes
+                )),
+                e => e,
+            })?)
+        } else if p.body.len() > *budget {
+            return Err(ApiError::TooLarge(format!(
+                "the request's profiles are larger than the limit of {} bytes",
+                limits.max_decompressed_bytes
+            )));
+        } else {
+            p.body.clone()
+        };
+        *budget -= body.len();
+        metrics.decoded_bytes.inc_by(body.len() as u64);
+        let seed = match &p.idempotence {
+            Idempotence::Key(id) => *id,
+            Idempotence::Content(parts) => {
+                let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+                crate::request_seed(tenant, &parts, &p.labels, &body)
+            }
+        };
+        let ctx = DecodeContext {
+            labels: p.labels,
+            name_hint: p.name_hint,
+            time_nanos: p.time_nanos,
+            duration_nanos: p.duration_nanos,
+            seed,
+            limits: fathom_pprof::Limits {
+                max_decompressed_bytes: limits.max_decompressed_bytes,
+                max_samples: limits.max_samples,
+                ..Default::default()
+            },
+        };
+        decode(&p.format, &body, ctx)
+    })();
+    r.map_err(|e| with_context(&ctx_name, e))
+}
+
+/// The decoders: one arm per [`Format`].
+fn decode(format: &Format, body: &[u8], ctx: DecodeContext) -> Result<Normalized, ApiError> {
+    match format {
+        Format::Pprof => {
+            let prof = fathom_pprof::decode(body, &ctx.limits).map_err(|e| match e {
+                fathom_pprof::DecodeError::TooLarge { .. }
+                | fathom_pprof::DecodeError::DecodedTooLarge { .. }
+                | fathom_pprof::DecodeError::LimitExceeded { .. } => {
+                    ApiError::TooLarge(format!("invalid pprof: {e}"))
+                }
+                e => ApiError::bad_request(format!("invalid pprof: {e}")),
+            })?;
+            fathom_pprof::normalize(
+                &prof,
+                &fathom_pprof::NormalizeOptions {
+                    labels: ctx.labels,
+                    name_hint: ctx.name_hint,
+                    time_nanos_override: ctx.time_nanos,
+                    duration_nanos_override: ctx.duration_nanos,
+                    profile_id_seed: ctx.seed,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))
+        }
+        Format::Folded(f) => fathom_pprof::parse_folded(
+            body,
+            &fathom_pprof::FoldedOptions {
+                labels: ctx.labels,
+                name_hint: ctx.name_hint,
+                units: f.units.clone(),
+                sample_rate: f.sample_rate,
+                aggregation: f.aggregation,
+                time_nanos: ctx.time_nanos.unwrap_or(0),
+                duration_nanos: ctx.duration_nanos.unwrap_or(0),
+                profile_id_seed: ctx.seed,
+            },
+            &ctx.limits,
+        )
+        .map_err(|e| ApiError::bad_request(format!("invalid folded profile: {e}"))),
+    }
+}
+
+/// Inflates gzip (all members) with a hard bound on the output: a gzip
+/// bomb stops once `limit + 1` bytes came out.
+pub(crate) fn gunzip_bounded(b: &[u8], limit: usize) -> Result<Vec<u8>, ApiError> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let mut d = flate2::read::MultiGzDecoder::new(b).take(limit as u64 + 1);
+    d.read_to_end(&mut out)
+        .map_err(|e| ApiError::bad_request(format!("body is not valid gzip: {e}")))?;
+    if out.len() > limit {
+        return Err(ApiError::TooLarge(format!(
+            "decompressed body is larger than the limit of {limit} bytes"
+        )));
+    }
+    Ok(out)
+}
+
+/// A profile id seed from a client's key (Pyroscope's sample `ID`): the
+/// tenant and the protocol are part of it, so keys never collide across
+/// tenants or with content-derived seeds.
+pub fn key_seed(tenant: &TenantId, protocol: &str, key: &str) -> Id {
+    let mut h = IdHasher::new("client-key");
+    h.str(tenant.as_str()).str(protocol).str(key);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    use crate::{IngesterWriter, Limits, WriteError};
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<IngestBatch>>);
+
+    #[async_trait::async_trait]
+    impl IngesterWriter for Recorder {
+        async fn write(&self, batch: IngestBatch) -> Result<(), WriteError> {
+            self.0.lock().push(batch);
+            Ok(())
+        }
+    }
+
+    fn distributor(limits: Limits) -> (Distributor, Arc<Recorder>) {
+        let rec = Arc::new(Recorder::default());
+        let mut reg = prometheus_client::registry::Registry::default();
+        (Distributor::new(limits, rec.clone(), &mut reg), rec)
+    }
+
+    fn gz(b: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(b).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn folded(body: &str, svc: &str) -> Payload {
+        let mut p = Payload::new(
+            Format::Folded(FoldedParams::default()),
+            Bytes::from(body.to_owned()),
+        );
+        p.labels = Labels::from_pairs([("service_name", svc)]).unwrap();
+        p.name_hint = Some("cpu".into());
+        p
+    }
+
+    fn request(payloads: Vec<Payload>) -> IngestRequest {
+        IngestRequest {
+            tenant: TenantId::new("t").unwrap(),
+            received_bytes: 0,
+            payloads,
+        }
+    }
+
+    #[tokio::test]
+    async fn payloads_are_written_as_one_batch() {
+        let (d, rec) = distributor(Limits::default());
+        let mut b = folded("main;b 2\n", "b");
+        b.encoding = Encoding::Gzip;
+        b.body = Bytes::from(gz(b"main;b 2\n"));
+        let a = d
+            .ingest(request(vec![folded("main;a 1\nmain 3\n", "a"), b]))
+            .await
+            .unwrap();
+        assert_eq!(a, Accepted { profiles: 2, samples: 3 });
+        let batches = rec.0.lock();
+        assert_eq!(batches.len(), 1);
+        let svcs: Vec<_> = batches[0]
+            .profiles
+            .iter()
+            .map(|p| p.labels.get("service_name").unwrap().to_owned())
+            .collect();
+        assert_eq!(svcs, ["a", "b"]);
+        assert!(batches[0].profiles.iter().all(|p| p.time_nanos > 0));
+    }
+
+    #[tokio::test]
+    async fn one_bad_payload_refuses_all_and_is_named() {
+        let (d, rec) = distributor(Limits::default());
+        let mut bad = Payload::new(Format::Pprof, Bytes::from_static(b"not a profile"));
+        bad.context = "series 1 sample 0".into();
+        let e = d
+            .ingest(request(vec![folded("main 1\n", "a"), bad]))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ApiError::BadRequest(_)), "{e}");
+        assert!(e.to_string().starts_with("series 1 sample 0: invalid pprof"), "{e}");
+        assert!(rec.0.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn keys_make_retries_idempotent() {
+        let (d, rec) = distributor(Limits::default());
+        let t = TenantId::new("t").unwrap();
+        let keyed = |body: &str| {
+            let mut p = folded(body, "a");
+            p.idempotence = Idempotence::Key(key_seed(&t, "push.v1", "uuid-1"));
+            p
+        };
+        d.ingest(request(vec![keyed("main 1\n")])).await.unwrap();
+        d.ingest(request(vec![keyed("main 1\n")])).await.unwrap();
+        let mut other = folded("main 1\n", "a");
+        other.idempotence = Idempotence::Key(key_seed(&t, "push.v1", "uuid-2"));
+        d.ingest(request(vec![other])).await.unwrap();
+        let ids: Vec<Id> = rec.0.lock().iter().map(|b| b.profiles[0].id).collect();
+        assert_eq!(ids[0], ids[1]);
+        assert_ne!(ids[0], ids[2]);
+        // Content-derived seeds: the same bytes give the same ids.
+        d.ingest(request(vec![folded("main 2\n", "a")])).await.unwrap();
+        d.ingest(request(vec![folded("main 2\n", "a")])).await.unwrap();
+        let b = rec.0.lock();
+        assert_eq!(b[3].profiles[0].id, b[4].profiles[0].id);
+        assert_ne!(b[3].profiles[0].id, b[0].profiles[0].id);
+    }
+
+    #[tokio::test]
+    async fn the_decompressed_budget_is_for_the_whole_request() {
+        let (d, rec) = distributor(Limits {
+            max_decompressed_bytes: 1000,
+            ..Limits::default()
+        });
+        let line = format!("{} 1\n", "f;".repeat(150));
+        let mut p = folded(&line, "a");
+        p.body = Bytes::from(gz(line.as_bytes()));
+        // One fits, three do not.
+        d.ingest(request(vec![p.clone()])).await.unwrap();
+        let e = d
+            .ingest(request(vec![p.clone(), p.clone(), p]))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ApiError::TooLarge(_)), "{e}");
+        assert!(e.to_string().contains("limit of 1000 bytes"), "{e}");
+        assert_eq!(rec.0.lock().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn too_many_payloads_and_gzip_bombs_are_refused() {
+        let (d, _) = distributor(Limits {
+            max_profiles_per_push: 2,
+            max_decompressed_bytes: 1 << 16,
+            ..Limits::default()
+        });
+        let e = d
+            .ingest(request(vec![folded("a 1\n", "a"); 3]))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("3 profiles; the limit is 2"), "{e}");
+        let mut bomb = Payload::new(Format::Pprof, Bytes::from(gz(&vec![0u8; 1 << 20])));
+        bomb.context = "series 0 sample 0".into();
+        let e = d.ingest(request(vec![bomb])).await.unwrap_err();
+        assert!(matches!(e, ApiError::TooLarge(_)), "{e}");
+        let e = d
+            .ingest(request(vec![Payload::new(Format::Pprof, Bytes::new())]))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn gzip_bomb_is_refused() {
+        let gz = gz(&vec![0u8; 1 << 20]);
+        let err = gunzip_bounded(&gz, 1000).unwrap_err();
+        assert!(matches!(err, ApiError::TooLarge(_)), "{err}");
+        assert_eq!(gunzip_bounded(&gz, 1 << 20).unwrap().len(), 1 << 20);
+        assert!(gunzip_bounded(b"\x1f\x8bjunk", 100).is_err());
+    }
+}
