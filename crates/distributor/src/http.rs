@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, header};
 use axum::routing::post;
-use fathom_api::{ApiError, now_nanos, tenant_from_headers};
+use fathom_api::{ApiError, tenant_from_headers};
 use fathom_model::{Labels, SERVICE_NAME, TenantId, valid_label_name};
 use serde_json::json;
 

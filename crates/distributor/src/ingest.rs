@@ -166,28 +166,33 @@ impl Distributor {
     /// bodies of all payloads together at most `max_decompressed_bytes`;
     /// then the per-profile label and sample limits of [`Distributor::accept`].
     pub async fn ingest(&self, req: IngestRequest) -> Result<Accepted, ApiError> {
-        self.metrics.bytes.inc_by(req.received_bytes as u64);
+        let IngestRequest {
+            tenant,
+            received_bytes,
+            payloads,
+        } = req;
+        self.metrics.bytes.inc_by(received_bytes as u64);
         let l = &self.limits;
-        if req.payloads.len() > l.max_profiles_per_push {
+        if payloads.len() > l.max_profiles_per_push {
             return Err(ApiError::TooLarge(format!(
                 "the request has {} profiles; the limit is {}",
-                req.payloads.len(),
+                payloads.len(),
                 l.max_profiles_per_push
             )));
         }
-        if req.payloads.is_empty() {
+        if payloads.is_empty() {
             return Ok(Accepted::default());
         }
         let limits = self.limits.clone();
         let metrics = self.metrics.clone();
-        let tenant = req.tenant.clone();
+        let t = tenant.clone();
         let (profiles, symbols) = tokio::task::spawn_blocking(move || {
             let mut budget = limits.max_decompressed_bytes;
             let mut profiles = Vec::new();
             let mut symbols = Symbols::default();
-            let single = req.payloads.len() == 1;
-            for p in req.payloads {
-                let n = decode_payload(&tenant, p, &limits, &mut budget, single, &metrics)?;
+            let single = payloads.len() == 1;
+            for p in payloads {
+                let n = decode_payload(&t, p, &limits, &mut budget, single, &metrics)?;
                 if profiles.is_empty() {
                     profiles = n.profiles;
                     symbols = n.symbols;
@@ -203,7 +208,7 @@ impl Distributor {
         let (profiles, samples) = self
             .accept(
                 IngestBatch {
-                    tenant: req.tenant,
+                    tenant,
                     profiles,
                     symbols,
                 },
@@ -481,7 +486,7 @@ mod tests {
             max_decompressed_bytes: 1000,
             ..Limits::default()
         });
-        let line = format!("{} 1\n", "f;".repeat(150));
+        let line = format!("{}f 1\n", "f;".repeat(200));
         let mut p = folded(&line, "a");
         p.body = Bytes::from(gz(line.as_bytes()));
         // One fits, three do not.

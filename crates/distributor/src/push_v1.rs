@@ -72,10 +72,7 @@ pub(crate) async fn handle(State(s): State<PushV1>, req: Request) -> Response {
     }
     let r = connect_push(&s.d, req).await;
     s.d.count_request("push_v1_connect", r.is_ok());
-    match r {
-        Ok(resp) => resp,
-        Err(resp) => resp,
-    }
+    r.unwrap_or_else(|refusal| refusal)
 }
 
 async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Response> {
@@ -146,7 +143,7 @@ impl PusherService for PushV1Grpc {
         &self,
         req: tonic::Request<PushRequest>,
     ) -> Result<tonic::Response<PushResponse>, tonic::Status> {
-        let r = async {
+        let r: Result<(), ApiError> = async {
             let tenant = tenant_from_metadata(req.metadata())?;
             let push = req.into_inner();
             let size = push.encoded_len();
@@ -227,49 +224,51 @@ struct Field<'a> {
     payload: Option<&'a [u8]>,
 }
 
-/// Iterates the fields of one message's wire bytes, checking the framing.
+/// Iterates the fields of one message's wire bytes, checking the framing;
+/// stops after the first error.
 fn fields(mut b: &[u8]) -> impl Iterator<Item = Result<Field<'_>, &'static str>> {
     std::iter::from_fn(move || {
         if b.is_empty() {
             return None;
         }
-        let r = (|| {
-            let key = varint(&mut b)?;
-            let number = key >> 3;
-            if number == 0 {
-                return Err("field number 0");
-            }
-            let payload = match key & 7 {
-                0 => {
-                    varint(&mut b)?;
-                    None
-                }
-                1 => {
-                    b = b.get(8..).ok_or("truncated fixed64 field")?;
-                    None
-                }
-                2 => {
-                    let len = usize::try_from(varint(&mut b)?).map_err(|_| "length overflow")?;
-                    if len > b.len() {
-                        return Err("a length-delimited field runs past the end (truncated?)");
-                    }
-                    let (p, rest) = b.split_at(len);
-                    b = rest;
-                    Some(p)
-                }
-                5 => {
-                    b = b.get(4..).ok_or("truncated fixed32 field")?;
-                    None
-                }
-                _ => return Err("unsupported wire type (groups are not used by push.v1)"),
-            };
-            Ok(Field { number, payload })
-        })();
+        let r = next_field(&mut b);
         if r.is_err() {
             b = &[];
         }
         Some(r)
     })
+}
+
+fn next_field<'a>(b: &mut &'a [u8]) -> Result<Field<'a>, &'static str> {
+    let key = varint(b)?;
+    let number = key >> 3;
+    if number == 0 {
+        return Err("field number 0");
+    }
+    let cur: &'a [u8] = *b;
+    let (payload, rest) = match key & 7 {
+        0 => {
+            varint(b)?;
+            return Ok(Field {
+                number,
+                payload: None,
+            });
+        }
+        1 => (None, cur.get(8..).ok_or("truncated fixed64 field")?),
+        2 => {
+            let mut c = cur;
+            let len = usize::try_from(varint(&mut c)?).map_err(|_| "length overflow")?;
+            if len > c.len() {
+                return Err("a length-delimited field runs past the end (truncated?)");
+            }
+            let (p, rest) = c.split_at(len);
+            (Some(p), rest)
+        }
+        5 => (None, cur.get(4..).ok_or("truncated fixed32 field")?),
+        _ => return Err("unsupported wire type (groups are not used by push.v1)"),
+    };
+    *b = rest;
+    Ok(Field { number, payload })
 }
 
 fn varint(b: &mut &[u8]) -> Result<u64, &'static str> {
