@@ -78,10 +78,10 @@ pub(crate) async fn handle(State(s): State<PushV1>, req: Request) -> Response {
 async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Response> {
     let headers = req.headers().clone();
     let codec = connect::request_codec(&headers)?;
-    let e = |e: ConnectError| e.into_response();
+    let refuse = |e: ConnectError| e.into_response();
     let api = |e: ApiError| ConnectError::from(e).into_response();
-    connect::check_protocol_version(&headers).map_err(e)?;
-    let gzip = connect::request_is_gzip(&headers).map_err(e)?;
+    connect::check_protocol_version(&headers).map_err(refuse)?;
+    let gzip = connect::request_is_gzip(&headers).map_err(refuse)?;
     let tenant = tenant_from_headers(&headers).map_err(api)?;
     let l = &d.limits;
     let raw = axum::body::to_bytes(req.into_body(), l.max_body_bytes)
