@@ -119,11 +119,14 @@ pub fn request_codec(h: &HeaderMap) -> Result<Codec, Response> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     match essence.as_str() {
-        "application/proto" | "application/protobuf" | "application/x-protobuf" => {
-            Ok(Codec::Proto)
-        }
+        "application/proto" | "application/protobuf" | "application/x-protobuf" => Ok(Codec::Proto),
         "application/json" => Ok(Codec::Json),
         _ => {
             let shown = if ct.is_empty() {
@@ -155,7 +158,10 @@ pub fn request_codec(h: &HeaderMap) -> Result<Codec, Response> {
 /// Connect specifies.
 pub fn request_is_gzip(h: &HeaderMap) -> Result<bool, ConnectError> {
     let mut gzip = false;
-    for name in [header::CONTENT_ENCODING.as_str(), "connect-content-encoding"] {
+    for name in [
+        header::CONTENT_ENCODING.as_str(),
+        "connect-content-encoding",
+    ] {
         for v in h.get_all(name) {
             let v = v.to_str().unwrap_or("?").trim().to_ascii_lowercase();
             match v.as_str() {
@@ -190,8 +196,10 @@ pub fn check_protocol_version(h: &HeaderMap) -> Result<(), ConnectError> {
 
 /// Whether a request is gRPC (`application/grpc`, `application/grpc+proto`).
 pub fn is_grpc(h: &HeaderMap) -> bool {
-    h.get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc") && !v.as_bytes().starts_with(b"application/grpc-web"))
+    h.get(header::CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes().starts_with(b"application/grpc")
+            && !v.as_bytes().starts_with(b"application/grpc-web")
+    })
 }
 
 /// A successful unary answer.
@@ -211,8 +219,14 @@ mod tests {
     #[test]
     fn codes_and_statuses() {
         assert_eq!(code_name(tonic::Code::InvalidArgument), "invalid_argument");
-        assert_eq!(http_status(tonic::Code::InvalidArgument), StatusCode::BAD_REQUEST);
-        assert_eq!(http_status(tonic::Code::Unavailable), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            http_status(tonic::Code::InvalidArgument),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            http_status(tonic::Code::Unavailable),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         let c: ConnectError = ApiError::TooLarge("x".into()).into();
         assert_eq!(c.code, tonic::Code::InvalidArgument);
     }
@@ -221,16 +235,28 @@ mod tests {
     fn content_types() {
         let mut h = HeaderMap::new();
         assert!(request_codec(&h).is_err());
-        h.insert(header::CONTENT_TYPE, "application/json; charset=utf-8".parse().unwrap());
+        h.insert(
+            header::CONTENT_TYPE,
+            "application/json; charset=utf-8".parse().unwrap(),
+        );
         assert_eq!(request_codec(&h).unwrap(), Codec::Json);
         h.insert(header::CONTENT_TYPE, "application/proto".parse().unwrap());
         assert_eq!(request_codec(&h).unwrap(), Codec::Proto);
-        h.insert(header::CONTENT_TYPE, "application/connect+proto".parse().unwrap());
+        h.insert(
+            header::CONTENT_TYPE,
+            "application/connect+proto".parse().unwrap(),
+        );
         let r = request_codec(&h).unwrap_err();
         assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
-        h.insert(header::CONTENT_TYPE, "application/grpc+proto".parse().unwrap());
+        h.insert(
+            header::CONTENT_TYPE,
+            "application/grpc+proto".parse().unwrap(),
+        );
         assert!(is_grpc(&h));
-        h.insert(header::CONTENT_TYPE, "application/grpc-web".parse().unwrap());
+        h.insert(
+            header::CONTENT_TYPE,
+            "application/grpc-web".parse().unwrap(),
+        );
         assert!(!is_grpc(&h));
     }
 
@@ -242,6 +268,9 @@ mod tests {
         assert!(request_is_gzip(&h).unwrap());
         let mut h = HeaderMap::new();
         h.insert("connect-content-encoding", "br".parse().unwrap());
-        assert_eq!(request_is_gzip(&h).unwrap_err().code, tonic::Code::Unimplemented);
+        assert_eq!(
+            request_is_gzip(&h).unwrap_err().code,
+            tonic::Code::Unimplemented
+        );
     }
 }

@@ -238,8 +238,13 @@ async fn ingest_bench(dir: &Path) {
     );
     // The same files through Pyroscope's push.v1 (Connect, protobuf), on
     // the same server, right after.
-    let (pmbs, preqs, pel) =
-        push_with(Protocol::PushV1, vec![srv.url()], ingest_files(), ingest_secs()).await;
+    let (pmbs, preqs, pel) = push_with(
+        Protocol::PushV1,
+        vec![srv.url()],
+        ingest_files(),
+        ingest_secs(),
+    )
+    .await;
     println!(
         "figure ingest_push_v1_single_process: {pmbs:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {preqs} requests in {pel:.1} s) next to /ingest pprof above: {:.1} MB/s per core; ratio {:.2}",
         pmbs / cores as f64,

@@ -429,7 +429,13 @@ mod tests {
             .ingest(request(vec![folded("main;a 1\nmain 3\n", "a"), b]))
             .await
             .unwrap();
-        assert_eq!(a, Accepted { profiles: 2, samples: 3 });
+        assert_eq!(
+            a,
+            Accepted {
+                profiles: 2,
+                samples: 3
+            }
+        );
         let batches = rec.0.lock();
         assert_eq!(batches.len(), 1);
         let svcs: Vec<_> = batches[0]
@@ -451,7 +457,11 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, ApiError::BadRequest(_)), "{e}");
-        assert!(e.to_string().starts_with("series 1 sample 0: invalid pprof"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("series 1 sample 0: invalid pprof"),
+            "{e}"
+        );
         assert!(rec.0.lock().is_empty());
     }
 
@@ -473,8 +483,12 @@ mod tests {
         assert_eq!(ids[0], ids[1]);
         assert_ne!(ids[0], ids[2]);
         // Content-derived seeds: the same bytes give the same ids.
-        d.ingest(request(vec![folded("main 2\n", "a")])).await.unwrap();
-        d.ingest(request(vec![folded("main 2\n", "a")])).await.unwrap();
+        d.ingest(request(vec![folded("main 2\n", "a")]))
+            .await
+            .unwrap();
+        d.ingest(request(vec![folded("main 2\n", "a")]))
+            .await
+            .unwrap();
         let b = rec.0.lock();
         assert_eq!(b[3].profiles[0].id, b[4].profiles[0].id);
         assert_ne!(b[3].profiles[0].id, b[0].profiles[0].id);

@@ -38,7 +38,7 @@ use prometheus_client::registry::Registry;
 
 pub use http::router;
 pub use ingest::{
-    Accepted, DecodeContext, Encoding, Format, FoldedParams, Idempotence, IngestRequest, Payload,
+    Accepted, DecodeContext, Encoding, FoldedParams, Format, Idempotence, IngestRequest, Payload,
 };
 pub use push::PushServer;
 pub use push_v1::PUSH_V1_PATH;

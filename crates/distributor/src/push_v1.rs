@@ -97,7 +97,11 @@ async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Respons
         let d2 = d.clone();
         tokio::task::spawn_blocking(move || d2.gunzip_request(&raw))
             .await
-            .map_err(|e| api(ApiError::internal(format!("decompression task failed: {e}"))))?
+            .map_err(|e| {
+                api(ApiError::internal(format!(
+                    "decompression task failed: {e}"
+                )))
+            })?
             .map_err(api)?
             .into()
     } else {
@@ -121,9 +125,7 @@ async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Respons
             })?
         }
     };
-    push_request(d, tenant, push, received)
-        .await
-        .map_err(api)?;
+    push_request(d, tenant, push, received).await.map_err(api)?;
     let body = match codec {
         Codec::Proto => PushResponse {}.encode_to_vec(),
         Codec::Json => b"{}".to_vec(),
@@ -476,9 +478,15 @@ mod tests {
         assert_eq!(l.get("otel_scope_name"), Some("x"));
         assert_eq!(l.len(), 2, "{l}");
         let e = series_labels(3, &[lp("env", "a")]).unwrap_err();
-        assert!(e.to_string().contains("series 3: the service_name label"), "{e}");
-        let e = series_labels(0, &[lp("service_name", "a"), lp("a.b", "1"), lp("a_b", "2")])
-            .unwrap_err();
+        assert!(
+            e.to_string().contains("series 3: the service_name label"),
+            "{e}"
+        );
+        let e = series_labels(
+            0,
+            &[lp("service_name", "a"), lp("a.b", "1"), lp("a_b", "2")],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("twice"), "{e}");
         let e = series_labels(0, &[lp("service_name", "a"), lp("1x", "1")]).unwrap_err();
         assert!(e.to_string().contains("\"1x\""), "{e}");
@@ -517,8 +525,16 @@ mod tests {
         ] {
             let r = request(series, labels, samples);
             let wire = r.encode_to_vec();
-            assert_eq!(scan_proto(&wire, &l).is_ok(), ok, "{series} {labels} {samples}");
-            assert_eq!(check_counts(&r, &l).is_ok(), ok, "{series} {labels} {samples}");
+            assert_eq!(
+                scan_proto(&wire, &l).is_ok(),
+                ok,
+                "{series} {labels} {samples}"
+            );
+            assert_eq!(
+                check_counts(&r, &l).is_ok(),
+                ok,
+                "{series} {labels} {samples}"
+            );
             let json = serde_json::to_vec(&r).unwrap();
             if ok {
                 assert!(scan_json(&json, &l).is_ok());

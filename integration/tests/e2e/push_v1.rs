@@ -97,20 +97,40 @@ fn connect(
 
 /// Asserts a Connect error: a 4xx with `{"code", "message"}` whose code
 /// is `code` and whose message contains `needle`.
-fn assert_connect_error(what: &str, (status, ct, body): (u16, String, Vec<u8>), code: &str, needle: &str) {
+fn assert_connect_error(
+    what: &str,
+    (status, ct, body): (u16, String, Vec<u8>),
+    code: &str,
+    needle: &str,
+) {
     let text = String::from_utf8_lossy(&body);
-    assert!((400..500).contains(&status), "{what}: expected a 4xx, got {status}: {text}");
-    assert!(ct.starts_with("application/json"), "{what}: content type {ct}: {text}");
+    assert!(
+        (400..500).contains(&status),
+        "{what}: expected a 4xx, got {status}: {text}"
+    );
+    assert!(
+        ct.starts_with("application/json"),
+        "{what}: content type {ct}: {text}"
+    );
     let v: serde_json::Value = serde_json::from_slice(&body)
         .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {text}"));
     assert_eq!(v["code"], code, "{what}: {v}");
     let msg = v["message"].as_str().unwrap_or_default();
-    assert!(msg.contains(needle), "{what}: message {msg:?} does not name {needle:?}");
+    assert!(
+        msg.contains(needle),
+        "{what}: message {msg:?} does not name {needle:?}"
+    );
 }
 
 /// The value of the `requests` counter for a protocol and outcome.
 fn requests(f: &Fathom, protocol: &str, outcome: &str) -> f64 {
-    let text = f.http.get(f.url("/metrics")).send().unwrap().text().unwrap();
+    let text = f
+        .http
+        .get(f.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
     text.lines()
         .filter(|l| l.starts_with("fathom_distributor_requests_total{"))
         .filter(|l| l.contains(&format!("protocol=\"{protocol}\"")))
@@ -121,16 +141,30 @@ fn requests(f: &Fathom, protocol: &str, outcome: &str) -> f64 {
 
 /// Waits until `name` is a function of `query` (a top table row) for
 /// `tenant`; returns (its cumulative value, the total).
-fn wait_for_function(f: &Fathom, tenant: &str, query: &str, name: &str, contains: bool) -> (i64, i64) {
+fn wait_for_function(
+    f: &Fathom,
+    tenant: &str,
+    query: &str,
+    name: &str,
+    contains: bool,
+) -> (i64, i64) {
     let t0 = Instant::now();
     loop {
         let v = f
-            .get_json(Some(tenant), "/api/v1/query", &[("query", query), ("format", "top")])
+            .get_json(
+                Some(tenant),
+                "/api/v1/query",
+                &[("query", query), ("format", "top")],
+            )
             .unwrap();
         let rows = v["rows"].as_array().unwrap();
         let hit = rows.iter().find(|r| {
             let n = r["name"].as_str().unwrap_or_default();
-            if contains { n.contains(name) } else { n == name }
+            if contains {
+                n.contains(name)
+            } else {
+                n == name
+            }
         });
         if let Some(hit) = hit {
             return (hit["cum"].as_i64().unwrap(), v["total"].as_i64().unwrap());
@@ -200,7 +234,11 @@ fn pyroscope_io_venv() -> PathBuf {
             dir.display(),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(ok(&python), "pyroscope-io 1.4.x is not importable from {}", dir.display());
+        assert!(
+            ok(&python),
+            "pyroscope-io 1.4.x is not importable from {}",
+            dir.display()
+        );
     }
     python
 }
@@ -247,16 +285,25 @@ fn pyroscope_io_1_4_pushes_over_push_v1() {
         .arg("py-tenant")
         .output()
         .unwrap();
-    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Its tags are labels (`team.name` sanitized as Pyroscope does), its
     // tenant the X-Scope-OrgID it sent.
     let q = format!("{CPU}{{service_name=\"pyapp-v1\", env=\"e2e\", team_name=\"core\"}}");
     let (cum, total) = wait_for_function(&f, "py-tenant", &q, "hot_loop_v1", false);
-    assert!(cum * 2 > total, "hot_loop_v1 should dominate: {cum} of {total}");
+    assert!(
+        cum * 2 > total,
+        "hot_loop_v1 should dominate: {cum} of {total}"
+    );
     let folded = f.folded(Some("py-tenant"), &q, "now-1h", "now").unwrap();
     assert!(
-        folded.keys().any(|s| s.contains("main") && s.ends_with("hot_loop_v1")),
+        folded
+            .keys()
+            .any(|s| s.contains("main") && s.ends_with("hot_loop_v1")),
         "{folded:?}"
     );
     // It came over push.v1 Connect (not /ingest), and nothing was refused.
@@ -302,10 +349,17 @@ fn pyroscope_rust_client_pushes_over_push_v1() {
     );
     let q = format!("{CPU}{{service_name=\"rustapp\", env=\"e2e\"}}");
     let (cum, total) = wait_for_function(&f, "rs-tenant", &q, "fathom_hot_function", true);
-    assert!(cum * 2 > total, "fathom_hot_function should dominate: {cum} of {total}");
+    assert!(
+        cum * 2 > total,
+        "fathom_hot_function should dominate: {cum} of {total}"
+    );
     // The SDK's own labels arrive sanitized (`process.runtime.name`).
     let v = f
-        .get_json(Some("rs-tenant"), "/api/v1/label/process_runtime_name/values", &[])
+        .get_json(
+            Some("rs-tenant"),
+            "/api/v1/label/process_runtime_name/values",
+            &[],
+        )
         .unwrap();
     assert_eq!(v["values"], serde_json::json!(["rust"]), "{v}");
     assert!(requests(&f, "push_v1_connect", "ok") >= 1.0, "{}", f.log());
@@ -331,7 +385,10 @@ fn connect_push_v1_proto_json_http2_and_idempotence() {
         &f,
         "c",
         "application/proto",
-        &[("Content-Encoding", "gzip"), ("Authorization", "Bearer abc")],
+        &[
+            ("Content-Encoding", "gzip"),
+            ("Authorization", "Bearer abc"),
+        ],
         gzip(&req.encode_to_vec()),
     );
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
@@ -363,7 +420,11 @@ fn connect_push_v1_proto_json_http2_and_idempotence() {
     };
     let json = serde_json::to_vec(&push_request("connect", vec![(raw, "22222222-bbbb")])).unwrap();
     let text = String::from_utf8_lossy(&json).into_owned();
-    assert!(text.contains("\"rawProfile\""), "canonical JSON names: {}", &text[..200]);
+    assert!(
+        text.contains("\"rawProfile\""),
+        "canonical JSON names: {}",
+        &text[..200]
+    );
     let (s, ct, body) = connect(
         &http2,
         &f,
@@ -374,7 +435,10 @@ fn connect_push_v1_proto_json_http2_and_idempotence() {
     );
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(ct, "application/json");
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap(), serde_json::json!({}));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+        serde_json::json!({})
+    );
     assert_eq!(total(&f, "c", &q), 2 * once);
     assert!(requests(&f, "push_v1_connect", "ok") >= 3.0);
 }
@@ -393,7 +457,8 @@ fn grpc_push_v1_from_a_tonic_client() {
                 c = c.send_compressed(tonic::codec::CompressionEncoding::Gzip);
             }
             let mut req = tonic::Request::new(req);
-            req.metadata_mut().insert("x-scope-orgid", "g".parse().unwrap());
+            req.metadata_mut()
+                .insert("x-scope-orgid", "g".parse().unwrap());
             req.metadata_mut()
                 .insert("authorization", "Bearer token".parse().unwrap());
             c.push(req).await
@@ -406,10 +471,16 @@ fn grpc_push_v1_from_a_tonic_client() {
     );
     let st = call(bad, false).unwrap_err();
     assert_eq!(st.code(), tonic::Code::InvalidArgument, "{st:?}");
-    assert!(st.message().contains("series 0 sample 1"), "{}", st.message());
+    assert!(
+        st.message().contains("series 0 sample 1"),
+        "{}",
+        st.message()
+    );
     assert_eq!(series_count(&f, "g"), 0);
     let mut no_service = push_request("grpc", vec![(pprof.clone(), "c")]);
-    no_service.series[0].labels.retain(|l| l.name != "service_name");
+    no_service.series[0]
+        .labels
+        .retain(|l| l.name != "service_name");
     let st = call(no_service, false).unwrap_err();
     assert_eq!(st.code(), tonic::Code::InvalidArgument);
     assert!(st.message().contains("service_name"), "{}", st.message());
@@ -419,7 +490,11 @@ fn grpc_push_v1_from_a_tonic_client() {
     let once = total(&f, "g", &q);
     assert!(once > 0);
     call(push_request("grpc", vec![(pprof, "d")]), false).unwrap();
-    assert_eq!(total(&f, "g", &q), once, "the same ID twice was stored twice");
+    assert_eq!(
+        total(&f, "g", &q),
+        once,
+        "the same ID twice was stored twice"
+    );
     assert!(requests(&f, "push_v1_grpc", "ok") >= 2.0);
     assert!(requests(&f, "push_v1_grpc", "error") >= 2.0);
 }
@@ -441,7 +516,14 @@ fn bad_push_v1_input_is_refused_whole() {
     // Garbage, and a truncated protobuf.
     assert_connect_error(
         "garbage",
-        connect(&http, &f, bad, proto, &[], b"\xff\xff\xff\xff garbage".to_vec()),
+        connect(
+            &http,
+            &f,
+            bad,
+            proto,
+            &[],
+            b"\xff\xff\xff\xff garbage".to_vec(),
+        ),
         "invalid_argument",
         "PushRequest",
     );
@@ -454,7 +536,14 @@ fn bad_push_v1_input_is_refused_whole() {
     );
     assert_connect_error(
         "garbage JSON",
-        connect(&http, &f, bad, "application/json", &[], b"{\"series\": [".to_vec()),
+        connect(
+            &http,
+            &f,
+            bad,
+            "application/json",
+            &[],
+            b"{\"series\": [".to_vec(),
+        ),
         "invalid_argument",
         "JSON",
     );
@@ -477,7 +566,14 @@ fn bad_push_v1_input_is_refused_whole() {
     let r = connect(&http, &f, bad, "text/plain", &[], wire.clone());
     assert_eq!(r.0, 415);
     assert_connect_error("text/plain", r, "invalid_argument", "application/proto");
-    let r = connect(&http, &f, bad, "application/connect+proto", &[], wire.clone());
+    let r = connect(
+        &http,
+        &f,
+        bad,
+        "application/connect+proto",
+        &[],
+        wire.clone(),
+    );
     assert_connect_error("streaming", r, "invalid_argument", "application/json");
 
     // Gzip bombs (64 MiB of zeros in 64 KiB, eight times the limit): the
@@ -490,7 +586,14 @@ fn bad_push_v1_input_is_refused_whole() {
     let bomb = e.finish().unwrap();
     assert_connect_error(
         "gzip bomb request",
-        connect(&http, &f, bad, proto, &[("Content-Encoding", "gzip")], bomb.clone()),
+        connect(
+            &http,
+            &f,
+            bad,
+            proto,
+            &[("Content-Encoding", "gzip")],
+            bomb.clone(),
+        ),
         "invalid_argument",
         "larger than the limit of 8388608 bytes",
     );
@@ -509,7 +612,14 @@ fn bad_push_v1_input_is_refused_whole() {
     );
     assert_connect_error(
         "not gzip",
-        connect(&http, &f, bad, proto, &[("Content-Encoding", "gzip")], wire.clone()),
+        connect(
+            &http,
+            &f,
+            bad,
+            proto,
+            &[("Content-Encoding", "gzip")],
+            wire.clone(),
+        ),
         "invalid_argument",
         "gzip",
     );
@@ -530,13 +640,27 @@ fn bad_push_v1_input_is_refused_whole() {
     );
     assert_connect_error(
         "long value",
-        connect(&http, &f, bad, proto, &[], with_labels(vec![lp("a", &"v".repeat(5000))])),
+        connect(
+            &http,
+            &f,
+            bad,
+            proto,
+            &[],
+            with_labels(vec![lp("a", &"v".repeat(5000))]),
+        ),
         "invalid_argument",
         "series 0: value of label \"a\"",
     );
     assert_connect_error(
         "bad name",
-        connect(&http, &f, bad, proto, &[], with_labels(vec![lp("1bad", "v")])),
+        connect(
+            &http,
+            &f,
+            bad,
+            proto,
+            &[],
+            with_labels(vec![lp("1bad", "v")]),
+        ),
         "invalid_argument",
         "\"1bad\"",
     );
@@ -548,7 +672,9 @@ fn bad_push_v1_input_is_refused_whole() {
         "series 0: labels or annotations",
     );
     let mut no_service = good.clone();
-    no_service.series[0].labels.retain(|l| l.name != "service_name");
+    no_service.series[0]
+        .labels
+        .retain(|l| l.name != "service_name");
     assert_connect_error(
         "no service_name",
         connect(&http, &f, bad, proto, &[], no_service.encode_to_vec()),
