@@ -33,6 +33,9 @@ impl Codec {
 pub struct ConnectError {
     pub code: tonic::Code,
     pub message: String,
+    /// The HTTP status when Connect prescribes another than the code's
+    /// (415 for an unsupported content type).
+    pub http_status: Option<StatusCode>,
 }
 
 impl ConnectError {
@@ -40,6 +43,7 @@ impl ConnectError {
         ConnectError {
             code,
             message: message.into(),
+            http_status: None,
         }
     }
 }
@@ -102,19 +106,27 @@ impl IntoResponse for ConnectError {
             "code": code_name(self.code),
             "message": self.message,
         });
-        (
-            http_status(self.code),
+        let status = self.http_status.unwrap_or_else(|| http_status(self.code));
+        let mut r = (
+            status,
             [(header::CONTENT_TYPE, "application/json")],
             body.to_string(),
         )
-            .into_response()
+            .into_response();
+        if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+            r.headers_mut().insert(
+                http::HeaderName::from_static("accept-post"),
+                http::HeaderValue::from_static("application/proto, application/json"),
+            );
+        }
+        r
     }
 }
 
 /// The codec of a unary Connect request, from its `Content-Type`. Anything
 /// else (streaming `application/connect+*`, gRPC-Web, a missing type) is
 /// refused with 415 and a message that says what to send.
-pub fn request_codec(h: &HeaderMap) -> Result<Codec, Response> {
+pub fn request_codec(h: &HeaderMap) -> Result<Codec, ConnectError> {
     let ct = h
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -134,20 +146,16 @@ pub fn request_codec(h: &HeaderMap) -> Result<Codec, Response> {
             } else {
                 format!("Content-Type {ct:?}")
             };
-            let e = ConnectError::new(
-                tonic::Code::InvalidArgument,
-                format!(
-                    "{shown} is not supported: send a unary Connect request as \
-                     application/proto or application/json (or gRPC as application/grpc)"
-                ),
-            );
-            let mut r = e.into_response();
-            *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
-            r.headers_mut().insert(
-                http::HeaderName::from_static("accept-post"),
-                http::HeaderValue::from_static("application/proto, application/json"),
-            );
-            Err(r)
+            Err(ConnectError {
+                http_status: Some(StatusCode::UNSUPPORTED_MEDIA_TYPE),
+                ..ConnectError::new(
+                    tonic::Code::InvalidArgument,
+                    format!(
+                        "{shown} is not supported: send a unary Connect request as \
+                         application/proto or application/json (or gRPC as application/grpc)"
+                    ),
+                )
+            })
         }
     }
 }
@@ -246,8 +254,9 @@ mod tests {
             header::CONTENT_TYPE,
             "application/connect+proto".parse().unwrap(),
         );
-        let r = request_codec(&h).unwrap_err();
+        let r = request_codec(&h).unwrap_err().into_response();
         assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert!(r.headers().contains_key("accept-post"));
         h.insert(
             header::CONTENT_TYPE,
             "application/grpc+proto".parse().unwrap(),

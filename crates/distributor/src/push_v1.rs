@@ -72,17 +72,16 @@ pub(crate) async fn handle(State(s): State<PushV1>, req: Request) -> Response {
     }
     let r = connect_push(&s.d, req).await;
     s.d.count_request("push_v1_connect", r.is_ok());
-    r.unwrap_or_else(|refusal| refusal)
+    r.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Response> {
+async fn connect_push(d: &Distributor, req: Request) -> Result<Response, ConnectError> {
     let headers = req.headers().clone();
     let codec = connect::request_codec(&headers)?;
-    let refuse = |e: ConnectError| e.into_response();
-    let api = |e: ApiError| ConnectError::from(e).into_response();
-    connect::check_protocol_version(&headers).map_err(refuse)?;
-    let gzip = connect::request_is_gzip(&headers).map_err(refuse)?;
-    let tenant = tenant_from_headers(&headers).map_err(api)?;
+    let api = ConnectError::from;
+    connect::check_protocol_version(&headers)?;
+    let gzip = connect::request_is_gzip(&headers)?;
+    let tenant = tenant_from_headers(&headers)?;
     let l = &d.limits;
     let raw = axum::body::to_bytes(req.into_body(), l.max_body_bytes)
         .await
@@ -101,15 +100,14 @@ async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Respons
                 api(ApiError::internal(format!(
                     "decompression task failed: {e}"
                 )))
-            })?
-            .map_err(api)?
+            })??
             .into()
     } else {
         raw
     };
     let push = match codec {
         Codec::Proto => {
-            scan_proto(&body, l).map_err(api)?;
+            scan_proto(&body, l)?;
             PushRequest::decode(body).map_err(|e| {
                 api(ApiError::bad_request(format!(
                     "the body is not a valid push.v1 PushRequest protobuf: {e}"
@@ -117,7 +115,7 @@ async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Respons
             })?
         }
         Codec::Json => {
-            scan_json(&body, l).map_err(api)?;
+            scan_json(&body, l)?;
             serde_json::from_slice::<PushRequest>(&body).map_err(|e| {
                 api(ApiError::bad_request(format!(
                     "the body is not a valid push.v1 PushRequest in JSON: {e}"
@@ -125,7 +123,7 @@ async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Respons
             })?
         }
     };
-    push_request(d, tenant, push, received).await.map_err(api)?;
+    push_request(d, tenant, push, received).await?;
     let body = match codec {
         Codec::Proto => PushResponse {}.encode_to_vec(),
         Codec::Json => b"{}".to_vec(),
@@ -247,7 +245,7 @@ fn next_field<'a>(b: &mut &'a [u8]) -> Result<Field<'a>, &'static str> {
     if number == 0 {
         return Err("field number 0");
     }
-    let cur: &'a [u8] = *b;
+    let cur: &'a [u8] = b;
     let (payload, rest) = match key & 7 {
         0 => {
             varint(b)?;
