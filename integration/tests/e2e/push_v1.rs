@@ -497,6 +497,15 @@ fn grpc_push_v1_from_a_tonic_client() {
     );
     assert!(requests(&f, "push_v1_grpc", "ok") >= 2.0);
     assert!(requests(&f, "push_v1_grpc", "error") >= 2.0);
+
+    // A gzip bomb as gRPC message compression: 256 MiB of zeros in a
+    // sample, compressed to about 256 KiB on the wire. tonic refuses the
+    // message once it decompresses past --max-body-size (16 MiB).
+    let bomb = push_request("grpc", vec![(vec![0u8; 256 << 20], "bomb")]);
+    let st = call(bomb, true).unwrap_err();
+    assert_eq!(st.code(), tonic::Code::ResourceExhausted, "{st:?}");
+    let (s, _) = f.get(None, "/ready", &[]).unwrap();
+    assert_eq!(s, 200);
 }
 
 #[test]
