@@ -1,10 +1,11 @@
 //! `POST /ingest`: the ingest convention that Pyroscope clients use.
 //!
 //! `name=<service>[.<kind>]{k=v,…}`, `from`/`until` (unix seconds),
-//! `format=pprof|folded` (default folded, as in Pyroscope), and for folded
-//! `units`, `sampleRate`, `aggregationType`. The body is raw or gzip'd
-//! (`Content-Encoding: gzip` or the gzip magic), or `multipart/form-data`
-//! with the profile in a `profile` part (the Go SDK's form).
+//! `format=pprof|folded|jfr` (default folded, as in Pyroscope), and for
+//! folded `units`, `sampleRate`, `aggregationType` (`sampleRate` for jfr
+//! too). The body is raw or gzip'd (`Content-Encoding: gzip` or the gzip
+//! magic), or `multipart/form-data` with the profile in a `profile` part
+//! (the Go SDK's form); JFR has its own multipart form (see [`crate::jfr`]).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -222,9 +223,9 @@ async fn ingest_inner(
     })?;
     let app = parse_app_name(name)?;
     let format = p.get("format").map(String::as_str).unwrap_or("folded");
-    if !matches!(format, "pprof" | "folded") {
+    if !matches!(format, "pprof" | "folded" | "jfr") {
         return Err(ApiError::bad_request(format!(
-            "format {format:?} is not supported; use pprof or folded"
+            "format {format:?} is not supported; use pprof, folded or jfr"
         )));
     }
     let from = p
@@ -244,6 +245,59 @@ async fn ingest_inner(
         (Some(f), Some(u)) => Some(u - f),
         _ => None,
     };
+    let sample_rate = p
+        .get("sampleRate")
+        .map(|s| {
+            s.parse::<u32>().ok().filter(|v| *v > 0).ok_or_else(|| {
+                ApiError::bad_request(format!("sampleRate {s:?} is not a positive integer"))
+            })
+        })
+        .transpose()?;
+    if format == "jfr" {
+        let limit = d.limits.max_decompressed_bytes;
+        let (body, received) =
+            crate::jfr::read_body(headers, req, d.limits.max_body_bytes, limit).await?;
+        d.metrics.bytes.inc_by(received as u64);
+        let labels_hash = body
+            .labels
+            .as_deref()
+            .map(|l| format!("{:x}", xxhash_rust::xxh3::xxh3_128(l)))
+            .unwrap_or_default();
+        let seed = request_seed(
+            &tenant,
+            &[
+                name,
+                format,
+                p.get("from").map(String::as_str).unwrap_or(""),
+                p.get("until").map(String::as_str).unwrap_or(""),
+                p.get("sampleRate").map(String::as_str).unwrap_or(""),
+                &labels_hash,
+            ],
+            &Labels::new(),
+            &body.jfr,
+        );
+        let r = crate::jfr::JfrRequest {
+            labels: app.labels.clone(),
+            sample_rate,
+            time_nanos: from,
+            duration_nanos: duration,
+            seed,
+            limits: fathom_pprof::Limits {
+                max_decompressed_bytes: limit,
+                max_samples: d.limits.max_samples,
+                ..Default::default()
+            },
+        };
+        let normalized = tokio::task::spawn_blocking(move || crate::jfr::normalize(&body, r))
+            .await
+            .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
+        let batch = fathom_model::IngestBatch {
+            tenant,
+            profiles: normalized.profiles,
+            symbols: normalized.symbols,
+        };
+        return d.accept(batch, now_nanos()).await;
+    }
     let gz_header = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
@@ -278,14 +332,6 @@ async fn ingest_inner(
     let labels = app.labels.clone();
     let kind = app.kind.clone();
     let units = p.get("units").cloned();
-    let sample_rate = p
-        .get("sampleRate")
-        .map(|s| {
-            s.parse::<u32>().ok().filter(|v| *v > 0).ok_or_else(|| {
-                ApiError::bad_request(format!("sampleRate {s:?} is not a positive integer"))
-            })
-        })
-        .transpose()?;
     let aggregation = match p.get("aggregationType").map(String::as_str) {
         None | Some("sum") | Some("") => fathom_pprof::Aggregation::Sum,
         Some("average") | Some("avg") => fathom_pprof::Aggregation::Average,

@@ -3,7 +3,7 @@
 //! ```text
 //! POST /ingest (Pyroscope convention)   ──┐
 //! gRPC fathom.push.v1.PushService/Push  ──┴─► tenant ─► limits ─► decode + normalize
-//!                                                     (pprof or folded, blocking pool)
+//!                                                     (pprof, folded or JFR, blocking pool)
 //!                                          ─► IngestBatch ─► IngesterWriter ─► ack
 //! ```
 //!
@@ -17,6 +17,7 @@
 //! ingester in `fathom all`, replicated ingesters in a cluster.
 
 mod http;
+mod jfr;
 mod push;
 pub mod ring;
 
