@@ -1,7 +1,7 @@
 //! `POST /ingest`: the ingest convention that Pyroscope clients use.
 //!
 //! `name=<service>[.<kind>]{k=v,…}`, `from`/`until` (unix seconds),
-//! `format=pprof|folded|jfr` (default folded, as in Pyroscope), and for
+//! `format=pprof|folded|jfr|speedscope` (default folded, as in Pyroscope), and for
 //! folded `units`, `sampleRate`, `aggregationType` (`sampleRate` for jfr
 //! too). The body is raw or gzip'd (`Content-Encoding: gzip` or the gzip
 //! magic), or `multipart/form-data` with the profile in a `profile` part
@@ -223,9 +223,9 @@ async fn ingest_inner(
     })?;
     let app = parse_app_name(name)?;
     let format = p.get("format").map(String::as_str).unwrap_or("folded");
-    if !matches!(format, "pprof" | "folded" | "jfr") {
+    if !matches!(format, "pprof" | "folded" | "jfr" | "speedscope") {
         return Err(ApiError::bad_request(format!(
-            "format {format:?} is not supported; use pprof, folded or jfr"
+            "format {format:?} is not supported; use pprof, folded, jfr or speedscope"
         )));
     }
     let from = p
@@ -342,9 +342,28 @@ async fn ingest_inner(
         }
     };
     let is_pprof = format == "pprof";
+    let is_speedscope = format == "speedscope";
     let normalized =
         tokio::task::spawn_blocking(move || -> Result<fathom_pprof::Normalized, ApiError> {
-            if is_pprof {
+            if is_speedscope {
+                fathom_pprof::parse_speedscope(
+                    &body,
+                    &fathom_pprof::SpeedscopeOptions {
+                        labels,
+                        sample_rate,
+                        time_nanos: from.unwrap_or(0),
+                        duration_nanos: duration.unwrap_or(0),
+                        profile_id_seed: seed,
+                    },
+                    &plimits,
+                )
+                .map_err(|e| match e {
+                    fathom_pprof::SpeedscopeError::LimitExceeded { .. } => {
+                        ApiError::TooLarge(format!("invalid speedscope profile: {e}"))
+                    }
+                    e => ApiError::bad_request(format!("invalid speedscope profile: {e}")),
+                })
+            } else if is_pprof {
                 let prof = fathom_pprof::decode(&body, &plimits)
                     .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))?;
                 fathom_pprof::normalize(

@@ -1,6 +1,7 @@
 //! JFR events into one pprof per event kind, then Fathom profiles.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::LazyLock;
 
 use fathom_model::{Id, Labels};
@@ -9,7 +10,7 @@ use fathom_proto::pprof;
 use prost::Message;
 use regex::Regex;
 
-use crate::reader::{Buf, Chunk, HEADER_SIZE, JStr, Scalar, Types};
+use crate::reader::{Chunk, HEADER_SIZE, JStr, Scalar, Types};
 use crate::{JfrError, LabelsSnapshot};
 
 type Result<T> = std::result::Result<T, JfrError>;
@@ -438,7 +439,7 @@ fn read_pools(chunk: &Chunk<'_>) -> Result<Pools> {
     let state_name = state.and_then(|c| field_pos(t, c, "name"));
 
     let mut p = Pools::default();
-    chunk.constant_pools(|c, n, b: &mut Buf<'_>| {
+    chunk.constant_pools(|c, n, b| {
         let c = Some(c);
         for _ in 0..n {
             let key = b.key()?;
@@ -678,7 +679,7 @@ pub fn to_pprof(
             let mut label = Vec::new();
             if let Some(snap) = labels {
                 if acc.context != 0 {
-                    if !context_labels.contains_key(&acc.context) {
+                    if let Entry::Vacant(slot) = context_labels.entry(acc.context) {
                         let mut ls = Vec::new();
                         if let Some(ctx) = snap.contexts.get(&acc.context) {
                             let mut pairs: Vec<(&i64, &i64)> = ctx.labels.iter().collect();
@@ -696,7 +697,7 @@ pub fn to_pprof(
                                 });
                             }
                         }
-                        context_labels.insert(acc.context, ls);
+                        slot.insert(ls);
                     }
                     label.extend(context_labels[&acc.context].iter().cloned());
                 }

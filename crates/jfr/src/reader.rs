@@ -200,7 +200,6 @@ pub(crate) struct ChunkHeader {
     meta_offset: usize,
     pub(crate) start_nanos: i64,
     pub(crate) duration_nanos: i64,
-    pub(crate) ticks_per_second: i64,
     compressed: bool,
 }
 
@@ -291,7 +290,7 @@ pub(crate) fn chunk_header(data: &[u8], pos: usize) -> Result<ChunkHeader> {
     let start_nanos = b.be_i64("the chunk start time")?;
     let duration_nanos = b.be_i64("the chunk duration")?;
     let _start_ticks = b.be_i64("the chunk start ticks")?;
-    let ticks_per_second = b.be_i64("the chunk tick rate")?;
+    let _ticks_per_second = b.be_i64("the chunk tick rate")?;
     let features = i32::from_be_bytes(b.be("the chunk features")?);
     let left = data.len() - pos;
     let in_chunk = |v: i64, what: &str| -> Result<usize> {
@@ -320,7 +319,6 @@ pub(crate) fn chunk_header(data: &[u8], pos: usize) -> Result<ChunkHeader> {
         meta_offset,
         start_nanos,
         duration_nanos,
-        ticks_per_second,
         compressed: features & 1 != 0,
     })
 }
@@ -469,7 +467,7 @@ fn read_element(b: &mut Buf<'_>, nstrings: usize, depth: usize) -> Result<Elemen
     if depth > MAX_DEPTH {
         return Err(b.invalid("metadata elements nest too deeply"));
     }
-    let mut index = |b: &mut Buf<'_>| -> Result<usize> {
+    let index = |b: &mut Buf<'_>| -> Result<usize> {
         let at = b.pos;
         let i = b.int("a metadata string index")?;
         usize::try_from(i)

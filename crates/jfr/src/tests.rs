@@ -247,7 +247,8 @@ fn limits_are_enforced() {
 fn garbage_and_truncated_input_are_errors_not_panics() {
     let opts = JfrOptions::default();
     let l = Limits::default();
-    for bad in [&b""[..], b"FLR", b"hello world", b"FLR\0\0\x02\0\0", &[0xff; 100]] {
+    let bads: [&[u8]; 5] = [b"", b"FLR", b"hello world", b"FLR\0\0\x02\0\0", &[0xffu8; 100]];
+    for bad in bads {
         assert!(decode(bad, None, &opts, &l).is_err());
     }
     let e = decode(b"PK\x03\x04 not jfr", None, &opts, &l).unwrap_err();
