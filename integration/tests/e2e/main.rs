@@ -11,5 +11,6 @@ mod docs_examples;
 mod flight;
 mod jfr;
 mod pyroscope_client;
+mod speedscope;
 mod startup;
 mod ui;
