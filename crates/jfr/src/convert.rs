@@ -293,10 +293,12 @@ impl<'l> Builder<'l> {
                 }
                 let id = self.functions.len() as u64 + 1;
                 let n = self.string(name);
+                // Like Pyroscope, no system name: the name is shown as
+                // it is (`go tool pprof` shortens C++-looking names only
+                // when they equal the system name).
                 self.functions.push(pprof::Function {
                     id,
                     name: n,
-                    system_name: n,
                     ..Default::default()
                 });
                 self.function_ix.insert(name.to_owned(), id);

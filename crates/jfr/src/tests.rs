@@ -93,9 +93,9 @@ fn recordings() -> Vec<(String, PathBuf)> {
     v
 }
 
-/// Pyroscope's conversions of `<name>.jfr.gz`: (profile type file part,
-/// expectation) per output file.
-fn expectations(name: &str) -> Vec<(String, Folded)> {
+/// Pyroscope's conversions of `<name>.jfr.gz`: (profile type as in the
+/// file name, label-set hash, expectation) per output file.
+fn expectations(name: &str) -> Vec<(String, String, Folded)> {
     let dir = testdata().join("pprof/expected/grafana+pyroscope/pkg/og/convert/jfr/testdata");
     let prefix = format!("{name}.jfr.gz.");
     let mut out = Vec::new();
@@ -103,8 +103,10 @@ fn expectations(name: &str) -> Vec<(String, Folded)> {
         let p = e.unwrap().path();
         let f = p.file_name().unwrap().to_str().unwrap().to_owned();
         if let Some(rest) = f.strip_prefix(&prefix) {
-            let ty = rest.split('.').next().unwrap().to_owned();
-            out.push((ty, expectation(&p)));
+            let mut parts = rest.split('.');
+            let ty = parts.next().unwrap().to_owned();
+            let hash = parts.next().unwrap().to_owned();
+            out.push((ty, hash, expectation(&p)));
         }
     }
     out
@@ -123,6 +125,26 @@ fn decode_recording(name: &str, path: &Path) -> Normalized {
     .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// The hash Pyroscope gives the profile without context labels. Its file
+/// holds the whole recording of a type (all samples, labelled or not); the
+/// other hashes hold the samples of one context label set each.
+const WHOLE: &str = "17241709254077376921";
+
+fn diff(what: &str, got: &BTreeMap<String, i64>, want: &BTreeMap<String, i64>) -> Option<String> {
+    if got == want {
+        return None;
+    }
+    let only_g: Vec<_> = got.iter().filter(|(s, v)| want.get(*s) != Some(v)).take(2).collect();
+    let only_w: Vec<_> = want.iter().filter(|(s, v)| got.get(*s) != Some(v)).take(2).collect();
+    Some(format!(
+        "{what}: {} vs {} stacks, total {} vs {}; ours-only {only_g:?}; expected-only {only_w:?}",
+        got.len(),
+        want.len(),
+        got.values().sum::<i64>(),
+        want.values().sum::<i64>()
+    ))
+}
+
 #[test]
 fn every_recording_matches_pyroscope_conversion() {
     let recs = recordings();
@@ -130,52 +152,80 @@ fn every_recording_matches_pyroscope_conversion() {
     let mut errs = Vec::new();
     for (name, path) in &recs {
         let n = decode_recording(name, path);
+        // Profile types as Pyroscope names its files.
+        let mut types: Vec<String> = n
+            .profiles
+            .iter()
+            .map(|p| p.profile_type.to_string().replace(':', "_"))
+            .collect();
+        types.sort();
+        types.dedup();
         let ours = folded_by_labels(&n);
         let theirs = expectations(name);
-        assert!(!theirs.is_empty(), "{name}: no expectations");
-
-        // Merged over label sets, per sample type.
-        let mut want = Folded::new();
-        for (_, f) in &theirs {
-            add(&mut want, f);
+        let mut their_types: Vec<String> = theirs.iter().map(|(t, _, _)| t.clone()).collect();
+        their_types.sort();
+        their_types.dedup();
+        if types != their_types {
+            errs.push(format!("{name}: types {types:?}, Pyroscope {their_types:?}"));
         }
+
+        // Merged over label sets: Pyroscope's whole-recording file.
         let mut got = Folded::new();
         for f in ours.values() {
             add(&mut got, f);
         }
-        for k in want.keys().chain(got.keys()) {
-            let (g, w) = (got.get(k), want.get(k));
-            if g != w {
-                let g = g.cloned().unwrap_or_default();
-                let w = w.cloned().unwrap_or_default();
-                let only_g: Vec<_> = g.iter().filter(|(s, v)| w.get(*s) != Some(v)).take(2).collect();
-                let only_w: Vec<_> = w.iter().filter(|(s, v)| g.get(*s) != Some(v)).take(2).collect();
-                errs.push(format!(
-                    "{name} {k}: {} vs {} stacks, total {} vs {}; ours-only {only_g:?}; expected-only {only_w:?}",
-                    g.len(),
-                    w.len(),
-                    g.values().sum::<i64>(),
-                    w.values().sum::<i64>()
-                ));
+        let mut whole = Folded::new();
+        let mut labelled = Folded::new();
+        let mut labelled_files = 0;
+        for (_, hash, f) in &theirs {
+            if hash == WHOLE {
+                add(&mut whole, f);
+            } else {
+                add(&mut labelled, f);
+                labelled_files += f.len();
+            }
+        }
+        for k in whole.keys().chain(got.keys()) {
+            let e = BTreeMap::new();
+            if let Some(d) = diff(
+                &format!("{name} {k} (all label sets)"),
+                got.get(k).unwrap_or(&e),
+                whole.get(k).unwrap_or(&e),
+            ) {
+                errs.push(d);
             }
         }
 
-        // Each of our (label set, sample type) profiles is one of
-        // Pyroscope's files (a file holds one profile type; the
-        // objects/bytes pairs are two files with the same labels).
+        // Each labelled series is one of Pyroscope's labelled files; the
+        // series without context labels is the rest.
+        let mut ours_labelled = 0;
         for (labels, f) in &ours {
+            if labels == "Labels([])" {
+                for (k, stacks) in f {
+                    let mut rest = whole.get(k).cloned().unwrap_or_default();
+                    for (s, v) in labelled.get(k).into_iter().flatten() {
+                        *rest.entry(s.clone()).or_default() -= v;
+                    }
+                    rest.retain(|_, v| *v != 0);
+                    if let Some(d) = diff(&format!("{name} {k} (no context labels)"), stacks, &rest) {
+                        errs.push(d);
+                    }
+                }
+                continue;
+            }
             for (k, stacks) in f {
-                let found = theirs.iter().any(|(_, e)| e.get(k) == Some(stacks));
+                ours_labelled += 1;
+                let found = theirs
+                    .iter()
+                    .any(|(_, h, e)| h != WHOLE && e.get(k) == Some(stacks));
                 if !found {
-                    errs.push(format!("{name} {labels} {k}: matches no expectation file"));
+                    errs.push(format!("{name} {labels} {k}: matches no labelled file"));
                 }
             }
         }
-        let ours_count: usize = ours.values().map(|f| f.len()).sum();
-        let theirs_count: usize = theirs.iter().map(|(_, f)| f.len()).sum();
-        if ours_count != theirs_count {
+        if ours_labelled != labelled_files {
             errs.push(format!(
-                "{name}: {ours_count} (label set, type) profiles, Pyroscope has {theirs_count}"
+                "{name}: {ours_labelled} labelled (series, type) profiles, Pyroscope has {labelled_files}"
             ));
         }
     }
