@@ -107,8 +107,9 @@ fn recordings() -> Vec<(String, PathBuf)> {
     v
 }
 
-/// Pyroscope's conversions of one recording: (profile type, expectation).
-fn expectations(name: &str) -> Vec<(String, Folded)> {
+/// Pyroscope's conversions of one recording: (profile type as in the file
+/// name, label-set hash, expectation).
+fn expectations(name: &str) -> Vec<(String, String, Folded)> {
     let dir = testdata().join("pprof/expected/grafana+pyroscope/pkg/og/convert/jfr/testdata");
     let prefix = format!("{name}.jfr.gz.");
     let mut out = Vec::new();
@@ -116,8 +117,10 @@ fn expectations(name: &str) -> Vec<(String, Folded)> {
         let p = e.unwrap().path();
         let f = p.file_name().unwrap().to_str().unwrap().to_owned();
         if let Some(rest) = f.strip_prefix(&prefix) {
-            let ty = rest.split('.').next().unwrap().to_owned();
-            out.push((ty, read_expectation(&p).unwrap()));
+            let mut parts = rest.split('.');
+            let ty = parts.next().unwrap().to_owned();
+            let hash = parts.next().unwrap().to_owned();
+            out.push((ty, hash, read_expectation(&p).unwrap()));
         }
     }
     out
@@ -162,6 +165,29 @@ fn ingest_recording(f: &Fathom, service: &str, path: &Path, how: usize) -> Strin
     form.to_owned()
 }
 
+/// The label-set hash of Pyroscope's file without context labels: it
+/// holds the whole recording of a type; every other hash holds the samples
+/// of one context label set.
+const WHOLE: &str = "17241709254077376921";
+
+fn key(t: &str) -> String {
+    let p: Vec<&str> = t.split(':').collect();
+    format!("{}/{}", p[1], p[2])
+}
+
+fn differs(what: String, got: &BTreeMap<String, i64>, want: &BTreeMap<String, i64>) -> Option<String> {
+    if got == want {
+        return None;
+    }
+    let only_got: Vec<_> = got.iter().filter(|(s, v)| want.get(*s) != Some(v)).take(2).collect();
+    let only_want: Vec<_> = want.iter().filter(|(s, v)| got.get(*s) != Some(v)).take(2).collect();
+    Some(format!(
+        "{what}: {} vs {} stacks; got-only {only_got:?}; expected-only {only_want:?}",
+        got.len(),
+        want.len()
+    ))
+}
+
 #[test]
 fn pyroscope_recordings_match_their_pprof_conversions() {
     let dir = tempfile::tempdir().unwrap();
@@ -174,80 +200,66 @@ fn pyroscope_recordings_match_their_pprof_conversions() {
         let form = ingest_recording(&f, &service, path, i);
         let theirs = expectations(name);
         let ss = series(&f, &service);
-        // Profile types and the number of label sets per type, as the
-        // file names of Pyroscope's conversions say.
-        let mut want_types: BTreeMap<String, usize> = BTreeMap::new();
-        for (t, _) in &theirs {
-            *want_types.entry(t.clone()).or_default() += 1;
-        }
-        let mut got_types: BTreeMap<String, usize> = BTreeMap::new();
-        for s in &ss {
-            let t = s["__profile_type__"].as_str().unwrap().replace(':', "_");
-            *got_types.entry(t).or_default() += 1;
-        }
-        if got_types != want_types {
-            errs.push(format!(
-                "{name} ({form}): series per type {got_types:?}, expected {want_types:?}"
-            ));
-        }
-        // Per type, merged over label sets: the sum of Pyroscope's files.
-        let types: BTreeSet<String> = ss
+        // Profile types, as the file names of Pyroscope's conversions say.
+        let got_types: BTreeSet<String> = ss
             .iter()
             .map(|s| s["__profile_type__"].as_str().unwrap().to_owned())
             .collect();
-        for t in &types {
+        let want_types: BTreeSet<String> = theirs.iter().map(|(t, _, _)| t.clone()).collect();
+        let got_names: BTreeSet<String> = got_types.iter().map(|t| t.replace(':', "_")).collect();
+        if got_names != want_types {
+            errs.push(format!("{name} ({form}): types {got_names:?}, expected {want_types:?}"));
+        }
+        // Per type, merged over label sets: Pyroscope's whole-recording file.
+        for t in &got_types {
             let got = f
                 .folded(TENANT, &format!("{t}{{service_name=\"{service}\"}}"), START, END)
                 .unwrap();
-            let p: Vec<&str> = t.split(':').collect();
-            let key = format!("{}/{}", p[1], p[2]);
-            let mut want: BTreeMap<String, i64> = BTreeMap::new();
-            for (ft, e) in &theirs {
-                if *ft == t.replace(':', "_") {
-                    for (s, v) in e.get(&key).into_iter().flatten() {
-                        *want.entry(s.clone()).or_default() += v;
-                    }
-                }
-            }
-            want.retain(|_, v| *v != 0);
-            if got != want {
-                let only_got: Vec<_> = got.iter().filter(|(s, v)| want.get(*s) != Some(v)).take(2).collect();
-                let only_want: Vec<_> = want.iter().filter(|(s, v)| got.get(*s) != Some(v)).take(2).collect();
-                errs.push(format!(
-                    "{name} ({form}) {t}: {} vs {} stacks; got-only {only_got:?}; expected-only {only_want:?}",
-                    got.len(),
-                    want.len()
-                ));
-            }
+            let tn = t.replace(':', "_");
+            let want = theirs
+                .iter()
+                .find(|(ft, h, _)| *ft == tn && h == WHOLE)
+                .and_then(|(_, _, e)| e.get(&key(t)).cloned())
+                .unwrap_or_default();
+            errs.extend(differs(format!("{name} ({form}) {t}"), &got, &want));
         }
-        // With labels, each series on its own equals one of the files.
+        // With labels, each series carrying context labels equals one of
+        // Pyroscope's labelled files.
         if form == "multipart with labels" {
+            let names: BTreeSet<&str> = ss
+                .iter()
+                .flat_map(|s| s.as_object().unwrap().keys().map(String::as_str))
+                .filter(|k| *k != "__profile_type__")
+                .collect();
             let mut labelled = 0;
             for s in &ss {
                 let obj = s.as_object().unwrap();
                 let t = obj["__profile_type__"].as_str().unwrap();
-                let sel: Vec<String> = obj
-                    .iter()
-                    .filter(|(k, _)| *k != "__profile_type__")
-                    .map(|(k, v)| format!("{k}=\"{}\"", v.as_str().unwrap()))
-                    .collect();
-                if sel.len() > 1 {
-                    labelled += 1;
+                if obj.len() == 2 {
+                    continue; // service_name only: the samples without context
                 }
+                labelled += 1;
+                // Exactly this series: its labels, and every other label
+                // name of the recording's series absent (empty).
+                let sel: Vec<String> = names
+                    .iter()
+                    .map(|k| format!("{k}=\"{}\"", obj.get(*k).and_then(|v| v.as_str()).unwrap_or("")))
+                    .collect();
                 let got = f
                     .folded(TENANT, &format!("{t}{{{}}}", sel.join(",")), START, END)
                     .unwrap();
-                let p: Vec<&str> = t.split(':').collect();
-                let key = format!("{}/{}", p[1], p[2]);
-                let tt = t.replace(':', "_");
+                let tn = t.replace(':', "_");
                 let found = theirs
                     .iter()
-                    .any(|(ft, e)| *ft == tt && e.get(&key).cloned().unwrap_or_default() == got);
+                    .any(|(ft, h, e)| *ft == tn && h != WHOLE && e.get(&key(t)) == Some(&got));
                 if !found {
-                    errs.push(format!("{name}: series {sel:?} of {t} matches no conversion"));
+                    errs.push(format!("{name}: series {sel:?} of {t} matches no labelled conversion"));
                 }
             }
-            assert!(labelled > 0, "{name}: no series carries a context label");
+            let files = theirs.iter().filter(|(_, h, _)| h != WHOLE).count();
+            if labelled != files {
+                errs.push(format!("{name}: {labelled} labelled series, Pyroscope has {files} files"));
+            }
         }
     }
     assert!(errs.is_empty(), "{} mismatches:\n{}", errs.len(), errs.join("\n"));
