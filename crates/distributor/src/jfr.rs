@@ -98,7 +98,10 @@ pub(crate) async fn read_body(
             return Err(ApiError::bad_request("the 'jfr' part is empty"));
         }
         let body = JfrBody {
-            jfr: bounded(inflate("the 'jfr' part", &jfr, false, max_decompressed)?, max_decompressed)?,
+            jfr: bounded(
+                inflate("the 'jfr' part", &jfr, false, max_decompressed)?,
+                max_decompressed,
+            )?,
             labels: labels
                 .filter(|l| !l.is_empty())
                 .map(|l| {
@@ -126,7 +129,10 @@ pub(crate) async fn read_body(
         return Err(ApiError::bad_request("request body is empty"));
     }
     let body = JfrBody {
-        jfr: bounded(inflate("body", &raw, gz_header, max_decompressed)?, max_decompressed)?,
+        jfr: bounded(
+            inflate("body", &raw, gz_header, max_decompressed)?,
+            max_decompressed,
+        )?,
         labels: None,
     };
     Ok((body, raw.len()))
@@ -159,7 +165,9 @@ pub(crate) fn normalize(
     };
     fathom_jfr::decode(&body.jfr, body.labels.as_deref(), &opts, &r.limits).map_err(|e| match e {
         fathom_jfr::JfrError::TooMany { .. } => ApiError::TooLarge(format!("invalid JFR: {e}")),
-        fathom_jfr::JfrError::Labels(_) => ApiError::bad_request(format!("invalid labels part: {e}")),
+        fathom_jfr::JfrError::Labels(_) => {
+            ApiError::bad_request(format!("invalid labels part: {e}"))
+        }
         e => ApiError::bad_request(format!("invalid JFR: {e}")),
     })
 }

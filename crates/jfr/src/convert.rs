@@ -75,7 +75,13 @@ const KINDS: [Kind; 9] = [
 
 impl Kind {
     /// (sample types as (type, unit), period type, period unit).
-    fn types(self) -> (&'static [(&'static str, &'static str)], &'static str, &'static str) {
+    fn types(
+        self,
+    ) -> (
+        &'static [(&'static str, &'static str)],
+        &'static str,
+        &'static str,
+    ) {
         match self {
             Kind::Cpu => (&[("cpu", "nanoseconds")], "cpu", "nanoseconds"),
             Kind::Wall => (&[("wall", "nanoseconds")], "wall", "nanoseconds"),
@@ -441,14 +447,14 @@ fn read_pools(chunk: &Chunk<'_>) -> Result<Pools> {
     let state_name = state.and_then(|c| field_pos(t, c, "name"));
 
     let mut p = Pools::default();
-    chunk.constant_pools(|c, n, b| {
-        let c = Some(c);
+    chunk.constant_pools(|class_index, n, b| {
+        let c = Some(class_index);
         for _ in 0..n {
             let key = b.key()?;
             if c == stack
                 && let Some(fi) = frames
             {
-                let (_, elems) = b.record_with_array(t, c.unwrap_or_default(), fi)?;
+                let (_, elems) = b.record_with_array(t, class_index, fi)?;
                 let fr = elems
                     .iter()
                     .map(|e| {
@@ -461,7 +467,7 @@ fn read_pools(chunk: &Chunk<'_>) -> Result<Pools> {
                 p.stacks.insert(key, fr);
                 continue;
             }
-            let rec = b.record(t, c.unwrap_or_default())?;
+            let rec = b.record(t, class_index)?;
             if c == symbol {
                 if let Some(s) = get_str(&rec, sym_string) {
                     p.symbols.insert(key, s);
@@ -475,7 +481,8 @@ fn read_pools(chunk: &Chunk<'_>) -> Result<Pools> {
                     p.classes.insert(key, n);
                 }
             } else if c == method {
-                if let (Some(ty), Some(n)) = (get_int(&rec, method_type), get_int(&rec, method_name))
+                if let (Some(ty), Some(n)) =
+                    (get_int(&rec, method_type), get_int(&rec, method_name))
                 {
                     p.methods.insert(key, (ty, n));
                 }
@@ -687,8 +694,7 @@ pub fn to_pprof(
                             let mut pairs: Vec<(&i64, &i64)> = ctx.labels.iter().collect();
                             pairs.sort();
                             for (k, v) in pairs {
-                                let (Some(k), Some(v)) =
-                                    (snap.strings.get(k), snap.strings.get(v))
+                                let (Some(k), Some(v)) = (snap.strings.get(k), snap.strings.get(v))
                                 else {
                                     continue;
                                 };

@@ -32,6 +32,9 @@ const MAX_FIELDS: usize = 4_096;
 
 pub(crate) type Result<T> = std::result::Result<T, JfrError>;
 
+/// The scalar values of one object's fields, in declaration order.
+pub(crate) type Record = Vec<Scalar>;
+
 /// A bounded reader over one region of the input.
 #[derive(Clone)]
 pub(crate) struct Buf<'a> {
@@ -511,6 +514,10 @@ fn primitive(name: &str) -> Option<Kind> {
     })
 }
 
+/// A class as declared: (class id, name, [(field name, type id, constant
+/// pool, array)]).
+type RawClass = (i64, String, Vec<(String, i64, bool, bool)>);
+
 fn types_from(root: &Element, s: &[String]) -> std::result::Result<Types, String> {
     let attr = |e: &Element, key: &str| -> Option<String> {
         e.attrs
@@ -523,8 +530,7 @@ fn types_from(root: &Element, s: &[String]) -> std::result::Result<Types, String
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| format!("{what} has no numeric id"))
     };
-    // (class id, name, [(field name, type id, cp, array)])
-    let mut raw: Vec<(i64, String, Vec<(String, i64, bool, bool)>)> = Vec::new();
+    let mut raw: Vec<RawClass> = Vec::new();
     for md in root.children.iter().filter(|e| s[e.name] == "metadata") {
         for c in md.children.iter().filter(|e| s[e.name] == "class") {
             if raw.len() >= MAX_CLASSES {
@@ -727,7 +733,7 @@ impl<'a> Buf<'a> {
         t: &Types,
         c: usize,
         array_field: usize,
-    ) -> Result<(Vec<Scalar>, Vec<Vec<Scalar>>)> {
+    ) -> Result<(Record, Vec<Record>)> {
         let class = &t.classes[c];
         let mut out = Vec::with_capacity(class.fields.len());
         let mut elems = Vec::new();

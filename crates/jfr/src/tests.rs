@@ -57,11 +57,7 @@ fn folded_by_labels(n: &Normalized) -> BTreeMap<String, Folded> {
         let parts: Vec<&str> = pt.split(':').collect();
         let key = format!("{}/{}", parts[1], parts[2]);
         let labels = format!("{:?}", p.labels);
-        let m = out
-            .entry(labels)
-            .or_default()
-            .entry(key)
-            .or_default();
+        let m = out.entry(labels).or_default().entry(key).or_default();
         for s in &p.samples {
             let stack = n
                 .symbols
@@ -134,8 +130,16 @@ fn diff(what: &str, got: &BTreeMap<String, i64>, want: &BTreeMap<String, i64>) -
     if got == want {
         return None;
     }
-    let only_g: Vec<_> = got.iter().filter(|(s, v)| want.get(*s) != Some(v)).take(2).collect();
-    let only_w: Vec<_> = want.iter().filter(|(s, v)| got.get(*s) != Some(v)).take(2).collect();
+    let only_g: Vec<_> = got
+        .iter()
+        .filter(|(s, v)| want.get(*s) != Some(v))
+        .take(2)
+        .collect();
+    let only_w: Vec<_> = want
+        .iter()
+        .filter(|(s, v)| got.get(*s) != Some(v))
+        .take(2)
+        .collect();
     Some(format!(
         "{what}: {} vs {} stacks, total {} vs {}; ours-only {only_g:?}; expected-only {only_w:?}",
         got.len(),
@@ -166,7 +170,9 @@ fn every_recording_matches_pyroscope_conversion() {
         their_types.sort();
         their_types.dedup();
         if types != their_types {
-            errs.push(format!("{name}: types {types:?}, Pyroscope {their_types:?}"));
+            errs.push(format!(
+                "{name}: types {types:?}, Pyroscope {their_types:?}"
+            ));
         }
 
         // Merged over label sets: Pyroscope's whole-recording file.
@@ -207,7 +213,8 @@ fn every_recording_matches_pyroscope_conversion() {
                         *rest.entry(s.clone()).or_default() -= v;
                     }
                     rest.retain(|_, v| *v != 0);
-                    if let Some(d) = diff(&format!("{name} {k} (no context labels)"), stacks, &rest) {
+                    if let Some(d) = diff(&format!("{name} {k} (no context labels)"), stacks, &rest)
+                    {
                         errs.push(d);
                     }
                 }
@@ -256,7 +263,11 @@ fn labels_become_series_labels() {
     let mut opts = JfrOptions::default();
     opts.labels.insert(&key, "fixed");
     let n = decode(&jfr, Some(&labels), &opts, &Limits::default()).unwrap();
-    assert!(n.profiles.iter().all(|p| p.labels.get(&key) == Some("fixed")));
+    assert!(
+        n.profiles
+            .iter()
+            .all(|p| p.labels.get(&key) == Some("fixed"))
+    );
 }
 
 #[test]
@@ -265,10 +276,22 @@ fn generated_names_are_merged() {
         ("App$$Lambda$14/0x0000000800c03000", "App$$Lambda_"),
         ("Fib$$Lambda.0x00007ffa600c4da0", "Fib$$Lambda_"),
         ("App$$Lambda$669.0x0000000800fd7318", "App$$Lambda_"),
-        ("jdk/internal/reflect/GeneratedMethodAccessor31", "jdk/internal/reflect/GeneratedMethodAccessor_"),
-        ("libzstd-jni-1.5.1-16931311898282279136.so", "libzstd-jni-_.so"),
-        ("./tmp/libamazonCorrettoCryptoProvider109b39cf33c563eb.so", "libamazonCorrettoCryptoProvider_.so"),
-        ("Foo$$EnhancerBySpringCGLIB$$12ab", "Foo$$EnhancerBySpringCGLIB$$_"),
+        (
+            "jdk/internal/reflect/GeneratedMethodAccessor31",
+            "jdk/internal/reflect/GeneratedMethodAccessor_",
+        ),
+        (
+            "libzstd-jni-1.5.1-16931311898282279136.so",
+            "libzstd-jni-_.so",
+        ),
+        (
+            "./tmp/libamazonCorrettoCryptoProvider109b39cf33c563eb.so",
+            "libamazonCorrettoCryptoProvider_.so",
+        ),
+        (
+            "Foo$$EnhancerBySpringCGLIB$$12ab",
+            "Foo$$EnhancerBySpringCGLIB$$_",
+        ),
         ("java/lang/Thread", "java/lang/Thread"),
     ] {
         assert_eq!(merge_generated_names(from), to, "{from}");
@@ -284,7 +307,16 @@ fn limits_are_enforced() {
         ..Limits::default()
     };
     let e = decode(&jfr, None, &JfrOptions::default(), &limits).unwrap_err();
-    assert!(matches!(e, JfrError::TooMany { what: "samples", .. }), "{name}: {e}");
+    assert!(
+        matches!(
+            e,
+            JfrError::TooMany {
+                what: "samples",
+                ..
+            }
+        ),
+        "{name}: {e}"
+    );
     let limits = Limits {
         max_functions: 5,
         ..Limits::default()
@@ -297,7 +329,13 @@ fn limits_are_enforced() {
 fn garbage_and_truncated_input_are_errors_not_panics() {
     let opts = JfrOptions::default();
     let l = Limits::default();
-    let bads: [&[u8]; 5] = [b"", b"FLR", b"hello world", b"FLR\0\0\x02\0\0", &[0xffu8; 100]];
+    let bads: [&[u8]; 5] = [
+        b"",
+        b"FLR",
+        b"hello world",
+        b"FLR\0\0\x02\0\0",
+        &[0xffu8; 100],
+    ];
     for bad in bads {
         assert!(decode(bad, None, &opts, &l).is_err());
     }
@@ -317,7 +355,10 @@ fn garbage_and_truncated_input_are_errors_not_panics() {
         assert!(r.is_err(), "a recording cut at {cut} of {n} bytes decoded");
     }
     let e = decode(&jfr[..n / 2], None, &opts, &l).unwrap_err();
-    assert!(e.to_string().contains("truncated") || e.to_string().contains("outside the chunk"), "{e}");
+    assert!(
+        e.to_string().contains("truncated") || e.to_string().contains("outside the chunk"),
+        "{e}"
+    );
 
     // Flipped bytes: anything but a panic (a fixed pseudo-random walk).
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;

@@ -84,11 +84,11 @@ pub use folded::{
     folded_profile_type, parse_folded,
 };
 pub use legacy::LegacyError;
-pub use speedscope::{SPEEDSCOPE_SCHEMA, SpeedscopeError, SpeedscopeOptions, parse_speedscope};
 pub use normalize::{
     DEFAULT_MAX_SERIES, IGNORED_SAMPLE_LABELS, NormalizeError, NormalizeOptions, Normalized,
     display_name, go_pprof_display_name, normalize, profile_type, sanitize_label_name,
 };
+pub use speedscope::{SPEEDSCOPE_SCHEMA, SpeedscopeError, SpeedscopeOptions, parse_speedscope};
 
 /// Size limits for untrusted input. Every limit is checked before the
 /// corresponding memory is allocated.

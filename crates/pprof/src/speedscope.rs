@@ -346,7 +346,13 @@ pub fn parse_speedscope(
             continue;
         }
         let (st, su, pt, pu, period) = if slot == 0 {
-            ("cpu", "nanoseconds", "cpu", "nanoseconds", (1e9 / rate) as i64)
+            (
+                "cpu",
+                "nanoseconds",
+                "cpu",
+                "nanoseconds",
+                (1e9 / rate) as i64,
+            )
         } else {
             ("inuse_space", "bytes", "space", "bytes", 1)
         };
@@ -459,7 +465,9 @@ mod tests {
     #[test]
     fn sampled_profiles_split_by_name_and_merge_duplicates() {
         let n = parse_speedscope(
-            &file("grafana+pyroscope/pkg/og/convert/speedscope/testdata/two-sampled.speedscope.json"),
+            &file(
+                "grafana+pyroscope/pkg/og/convert/speedscope/testdata/two-sampled.speedscope.json",
+            ),
             &SpeedscopeOptions::default(),
             &Limits::default(),
         )
@@ -475,7 +483,9 @@ mod tests {
         assert_eq!(n.profiles.len(), 2);
 
         let n = parse_speedscope(
-            &file("grafana+pyroscope/pkg/og/convert/speedscope/testdata/duplicates.speedscope.json"),
+            &file(
+                "grafana+pyroscope/pkg/og/convert/speedscope/testdata/duplicates.speedscope.json",
+            ),
             &SpeedscopeOptions::default(),
             &Limits::default(),
         )
@@ -571,7 +581,9 @@ mod tests {
             ..Limits::default()
         };
         let e = parse_speedscope(
-            &file("grafana+pyroscope/pkg/og/convert/speedscope/testdata/two-sampled.speedscope.json"),
+            &file(
+                "grafana+pyroscope/pkg/og/convert/speedscope/testdata/two-sampled.speedscope.json",
+            ),
             &o,
             &limits,
         )

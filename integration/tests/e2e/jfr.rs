@@ -52,12 +52,7 @@ fn multipart(parts: &[(&str, &[u8])]) -> (String, Vec<u8>) {
 }
 
 /// POST /ingest?format=jfr with extra headers; returns (status, text).
-fn post(
-    f: &Fathom,
-    service: &str,
-    headers: &[(&str, &str)],
-    body: Vec<u8>,
-) -> (u16, String) {
+fn post(f: &Fathom, service: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, String) {
     let from = BASE_S.to_string();
     let until = (BASE_S + 10).to_string();
     let mut rb = f.http.post(f.url("/ingest")).query(&[
@@ -175,12 +170,24 @@ fn key(t: &str) -> String {
     format!("{}/{}", p[1], p[2])
 }
 
-fn differs(what: String, got: &BTreeMap<String, i64>, want: &BTreeMap<String, i64>) -> Option<String> {
+fn differs(
+    what: String,
+    got: &BTreeMap<String, i64>,
+    want: &BTreeMap<String, i64>,
+) -> Option<String> {
     if got == want {
         return None;
     }
-    let only_got: Vec<_> = got.iter().filter(|(s, v)| want.get(*s) != Some(v)).take(2).collect();
-    let only_want: Vec<_> = want.iter().filter(|(s, v)| got.get(*s) != Some(v)).take(2).collect();
+    let only_got: Vec<_> = got
+        .iter()
+        .filter(|(s, v)| want.get(*s) != Some(v))
+        .take(2)
+        .collect();
+    let only_want: Vec<_> = want
+        .iter()
+        .filter(|(s, v)| got.get(*s) != Some(v))
+        .take(2)
+        .collect();
     Some(format!(
         "{what}: {} vs {} stacks; got-only {only_got:?}; expected-only {only_want:?}",
         got.len(),
@@ -208,12 +215,19 @@ fn pyroscope_recordings_match_their_pprof_conversions() {
         let want_types: BTreeSet<String> = theirs.iter().map(|(t, _, _)| t.clone()).collect();
         let got_names: BTreeSet<String> = got_types.iter().map(|t| t.replace(':', "_")).collect();
         if got_names != want_types {
-            errs.push(format!("{name} ({form}): types {got_names:?}, expected {want_types:?}"));
+            errs.push(format!(
+                "{name} ({form}): types {got_names:?}, expected {want_types:?}"
+            ));
         }
         // Per type, merged over label sets: Pyroscope's whole-recording file.
         for t in &got_types {
             let got = f
-                .folded(TENANT, &format!("{t}{{service_name=\"{service}\"}}"), START, END)
+                .folded(
+                    TENANT,
+                    &format!("{t}{{service_name=\"{service}\"}}"),
+                    START,
+                    END,
+                )
                 .unwrap();
             let tn = t.replace(':', "_");
             let want = theirs
@@ -243,7 +257,12 @@ fn pyroscope_recordings_match_their_pprof_conversions() {
                 // name of the recording's series absent (empty).
                 let sel: Vec<String> = names
                     .iter()
-                    .map(|k| format!("{k}=\"{}\"", obj.get(*k).and_then(|v| v.as_str()).unwrap_or("")))
+                    .map(|k| {
+                        format!(
+                            "{k}=\"{}\"",
+                            obj.get(*k).and_then(|v| v.as_str()).unwrap_or("")
+                        )
+                    })
                     .collect();
                 let got = f
                     .folded(TENANT, &format!("{t}{{{}}}", sel.join(",")), START, END)
@@ -253,16 +272,25 @@ fn pyroscope_recordings_match_their_pprof_conversions() {
                     .iter()
                     .any(|(ft, h, e)| *ft == tn && h != WHOLE && e.get(&key(t)) == Some(&got));
                 if !found {
-                    errs.push(format!("{name}: series {sel:?} of {t} matches no labelled conversion"));
+                    errs.push(format!(
+                        "{name}: series {sel:?} of {t} matches no labelled conversion"
+                    ));
                 }
             }
             let files = theirs.iter().filter(|(_, h, _)| h != WHOLE).count();
             if labelled != files {
-                errs.push(format!("{name}: {labelled} labelled series, Pyroscope has {files} files"));
+                errs.push(format!(
+                    "{name}: {labelled} labelled series, Pyroscope has {files} files"
+                ));
             }
         }
     }
-    assert!(errs.is_empty(), "{} mismatches:\n{}", errs.len(), errs.join("\n"));
+    assert!(
+        errs.is_empty(),
+        "{} mismatches:\n{}",
+        errs.len(),
+        errs.join("\n")
+    );
 }
 
 fn assert_4xx(what: &str, status: u16, body: &str, needle: &str) {
@@ -323,7 +351,10 @@ fn bad_jfr_is_refused_and_nothing_is_stored() {
     let (s, b) = post(&f, "bad", &[], Vec::new());
     assert_4xx("empty", s, &b, "empty");
 
-    assert!(series(&f, "bad").is_empty(), "a refused request stored data");
+    assert!(
+        series(&f, "bad").is_empty(),
+        "a refused request stored data"
+    );
     // The server still serves.
     let (s, b) = post(&f, "good", &[], jfr);
     assert_eq!(s, 200, "{b}");
@@ -371,7 +402,11 @@ fn a_recording_of_the_local_jdk_shows_its_hot_method() {
         .current_dir(work.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "javac: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "javac: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rec = work.path().join("hot.jfr");
     let out = Command::new("java")
         .arg(format!(
@@ -383,7 +418,11 @@ fn a_recording_of_the_local_jdk_shows_its_hot_method() {
         .current_dir(work.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "java: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "java: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let jfr = std::fs::read(&rec).unwrap();
 
     let dir = tempfile::tempdir().unwrap();

@@ -40,9 +40,18 @@ fn speedscope_files_ingest_as_pyroscope_reads_them() {
     );
     assert_eq!(s, 200, "{b}");
     let got = f
-        .folded(TENANT, &format!("{CPU}{{service_name=\"evented\",profile_name=\"simple.txt\"}}"), START, END)
+        .folded(
+            TENANT,
+            &format!("{CPU}{{service_name=\"evented\",profile_name=\"simple.txt\"}}"),
+            START,
+            END,
+        )
         .unwrap();
-    let want = [("a;b", 50_000_000), ("a;b;c", 50_000_000), ("a;b;d", 40_000_000)];
+    let want = [
+        ("a;b", 50_000_000),
+        ("a;b;c", 50_000_000),
+        ("a;b;d", 40_000_000),
+    ];
     assert_eq!(got, want.iter().map(|(k, v)| (k.to_string(), *v)).collect());
 
     // Sampled, two profiles, gzip'd body: one series per profile name.
@@ -56,16 +65,35 @@ fn speedscope_files_ingest_as_pyroscope_reads_them() {
     assert_eq!(s, 200, "{b}");
     for name in ["one", "two"] {
         let got = f
-            .folded(TENANT, &format!("{CPU}{{service_name=\"sampled\",profile_name=\"{name}\"}}"), START, END)
+            .folded(
+                TENANT,
+                &format!("{CPU}{{service_name=\"sampled\",profile_name=\"{name}\"}}"),
+                START,
+                END,
+            )
             .unwrap();
-        let want = [("a;b", 5_000_000_000), ("a;b;c", 5_000_000_000), ("a;b;d", 4_000_000_000)];
-        assert_eq!(got, want.iter().map(|(k, v)| (k.to_string(), *v)).collect(), "{name}");
+        let want = [
+            ("a;b", 5_000_000_000),
+            ("a;b;c", 5_000_000_000),
+            ("a;b;d", 4_000_000_000),
+        ];
+        assert_eq!(
+            got,
+            want.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            "{name}"
+        );
     }
 
     // Bad files: a 4xx naming the problem, nothing stored.
     for (rel, needle) in [
-        ("jlfwong+speedscope/sample/profiles/speedscope/invalid/out-of-order-events.json", "innermost open"),
-        ("jlfwong+speedscope/sample/profiles/speedscope/invalid/incomplete-trace.json", "never closed"),
+        (
+            "jlfwong+speedscope/sample/profiles/speedscope/invalid/out-of-order-events.json",
+            "innermost open",
+        ),
+        (
+            "jlfwong+speedscope/sample/profiles/speedscope/invalid/incomplete-trace.json",
+            "never closed",
+        ),
     ] {
         let (s, b) = ingest(&f, "bad", read(rel));
         assert_eq!(s, 400, "{rel}: {b}");
@@ -75,7 +103,15 @@ fn speedscope_files_ingest_as_pyroscope_reads_them() {
     assert_eq!(s, 400, "{b}");
     assert!(b.contains("speedscope"), "{b}");
     let v = f
-        .get_json(TENANT, "/api/v1/series", &[("query", "{service_name=\"bad\"}"), ("start", START), ("end", END)])
+        .get_json(
+            TENANT,
+            "/api/v1/series",
+            &[
+                ("query", "{service_name=\"bad\"}"),
+                ("start", START),
+                ("end", END),
+            ],
+        )
         .unwrap();
     assert!(v["series"].as_array().unwrap().is_empty(), "{v}");
 }
