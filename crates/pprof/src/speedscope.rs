@@ -153,6 +153,16 @@ pub fn parse_speedscope(
             limit: limits.max_decompressed_bytes,
         });
     }
+    // Each sample is a JSON array that decodes to a heap-allocated vector
+    // (~12× its smallest text, `[0],`): bound them before decoding. `[`
+    // inside names counts too, so this can only over-count.
+    let arrays = body.iter().filter(|&&c| c == b'[').count();
+    if arrays > limits.max_samples.saturating_add(16) {
+        return Err(SpeedscopeError::LimitExceeded {
+            what: "samples",
+            limit: limits.max_samples,
+        });
+    }
     let file: File = serde_json::from_slice(body).map_err(SpeedscopeError::Json)?;
     if file.schema != SPEEDSCOPE_SCHEMA {
         return Err(SpeedscopeError::Schema(file.schema));
@@ -580,6 +590,12 @@ mod tests {
             max_samples: 1,
             ..Limits::default()
         };
+        let many = format!(
+            r#"{{"$schema":"{SPEEDSCOPE_SCHEMA}","shared":{{"frames":[{{"name":"a"}}]}},"profiles":[{{"type":"sampled","unit":"none","samples":[{}[0]],"weights":[1]}}]}}"#,
+            "[0],".repeat(100)
+        );
+        let e = parse_speedscope(many.as_bytes(), &o, &limits).unwrap_err();
+        assert!(e.to_string().contains("more than 1 samples"), "{e}");
         let e = parse_speedscope(
             &file(
                 "grafana+pyroscope/pkg/og/convert/speedscope/testdata/two-sampled.speedscope.json",
