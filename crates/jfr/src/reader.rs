@@ -274,13 +274,14 @@ impl Scalar {
 }
 
 /// Reads the chunk header at `pos`; the chunk must fit in the input.
+/// Offsets in errors are relative to `pos`, like every offset in a chunk.
 pub(crate) fn chunk_header(data: &[u8], pos: usize) -> Result<ChunkHeader> {
+    let data = data.get(pos..).unwrap_or_default();
     let mut b = Buf::new(data);
-    b.pos = pos;
     b.compressed = false;
     let magic = b.bytes(4, "the chunk magic")?;
     if magic != MAGIC {
-        return Err(JfrError::NotJfr { offset: pos });
+        return Err(JfrError::NotJfr { offset: 0 });
     }
     let major = u16::from_be_bytes(b.be("the chunk version")?);
     let _minor = u16::from_be_bytes(b.be("the chunk version")?);
@@ -295,13 +296,13 @@ pub(crate) fn chunk_header(data: &[u8], pos: usize) -> Result<ChunkHeader> {
     let _start_ticks = b.be_i64("the chunk start ticks")?;
     let _ticks_per_second = b.be_i64("the chunk tick rate")?;
     let features = i32::from_be_bytes(b.be("the chunk features")?);
-    let left = data.len() - pos;
+    let left = data.len();
     let in_chunk = |v: i64, what: &str| -> Result<usize> {
         usize::try_from(v)
             .ok()
             .filter(|&v| v >= HEADER_SIZE && v <= left)
             .ok_or_else(|| JfrError::Invalid {
-                offset: pos,
+                offset: 0,
                 msg: format!(
                     "{what} {v} is outside the chunk (the recording has {left} bytes from here: truncated?)"
                 ),
@@ -312,7 +313,7 @@ pub(crate) fn chunk_header(data: &[u8], pos: usize) -> Result<ChunkHeader> {
     let meta_offset = in_chunk(meta, "metadata offset")?;
     if cp_offset >= size || meta_offset >= size {
         return Err(JfrError::Invalid {
-            offset: pos,
+            offset: 0,
             msg: "the constant pool or metadata offset is past the chunk end".into(),
         });
     }

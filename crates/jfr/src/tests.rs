@@ -401,3 +401,43 @@ mod prop {
         }
     }
 }
+
+#[test]
+fn chunks_of_one_file_add_up() {
+    // A recording file may hold several chunks, each with its own
+    // constant pools (their keys may repeat): two copies of one chunk
+    // give every stack twice its value.
+    let (name, path) = recordings()
+        .into_iter()
+        .find(|(n, _)| n.contains("cpu_lock_alloc__0"))
+        .unwrap();
+    let one = gunzip(&path);
+    let mut two = one.clone();
+    two.extend_from_slice(&one);
+    let opts = JfrOptions::default();
+    let l = Limits::default();
+    let a = folded_by_labels(&decode(&one, None, &opts, &l).unwrap());
+    let b = folded_by_labels(&decode(&two, None, &opts, &l).unwrap());
+    let doubled: BTreeMap<String, Folded> = a
+        .iter()
+        .map(|(k, f)| {
+            let f = f
+                .iter()
+                .map(|(t, m)| {
+                    (
+                        t.clone(),
+                        m.iter().map(|(s, v)| (s.clone(), v * 2)).collect(),
+                    )
+                })
+                .collect();
+            (k.clone(), f)
+        })
+        .collect();
+    assert_eq!(b, doubled, "{name}");
+    // A second chunk cut short is an error naming its offset.
+    let e = decode(&two[..one.len() + 100], None, &opts, &l).unwrap_err();
+    assert!(
+        e.to_string().contains(&format!("byte {}", one.len())),
+        "{e}"
+    );
+}
