@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver)
+apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver openjdk-17-jdk-headless)
 # Python with pip, unless one is already on PATH (e.g. pyenv).
 python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip python3-venv)
 missing=()

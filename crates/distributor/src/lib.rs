@@ -24,6 +24,7 @@
 
 mod http;
 pub mod ingest;
+mod jfr;
 mod push;
 mod push_v1;
 pub mod ring;
