@@ -25,6 +25,7 @@ pub fn router(d: Distributor) -> axum::Router {
     let limit = d.limits.max_body_bytes;
     axum::Router::new()
         .route("/ingest", post(ingest))
+        .route(crate::otlp::HTTP_PATH, post(crate::otlp::export_http))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(d)
 }

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! POST /ingest (Pyroscope convention)   ──┐
-//! gRPC fathom.push.v1.PushService/Push  ──┴─► tenant ─► limits ─► decode + normalize
-//!                                                     (pprof or folded, blocking pool)
+//! gRPC fathom.push.v1.PushService/Push  ──┼─► tenant ─► limits ─► decode + normalize
+//! OTLP profiles (HTTP and gRPC)         ──┘          (pprof, folded or OTLP, blocking pool)
 //!                                          ─► IngestBatch ─► IngesterWriter ─► ack
 //! ```
 //!
@@ -17,6 +17,7 @@
 //! ingester in `fathom all`, replicated ingesters in a cluster.
 
 mod http;
+mod otlp;
 mod push;
 pub mod ring;
 
@@ -29,6 +30,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 pub use http::router;
+pub use otlp::OtlpProfilesServer;
 pub use push::PushServer;
 
 /// Per-request limits; every refusal names the limit it hit.
