@@ -24,6 +24,17 @@ if ! python3 -c 'import pyroscope, pyarrow, adbc_driver_flightsql, selenium' 2>/
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
 fi
+# The OpenTelemetry profiling SDK (OTLP e2e test) in its own venv: it pins
+# opentelemetry-exporter-otlp/protobuf versions of its own.
+otlp_venv="${CARGO_TARGET_DIR:-target}/otlp-venv"
+if ! "$otlp_venv/bin/python" -c 'import opentelemetry.sdk.extension.profiling' 2>/dev/null; then
+  echo "installing opentelemetry-sdk-extension-profiling into $otlp_venv"
+  python3 -m venv "$otlp_venv" 2>/dev/null || {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv "$otlp_venv"
+  }
+  "$otlp_venv/bin/pip" install -q 'opentelemetry-sdk-extension-profiling==0.63b4'
+fi
 # Garage, the S3 server of the object-storage tests (about 20 minutes to
 # build; only when missing).
 if ! command -v garage >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/garage" ]; then

@@ -372,7 +372,7 @@ fn convert_profile(
             if key == SERVICE_NAME_ATTR {
                 service = Some(s.as_str());
             } else if let Some(name) = label_name(key) {
-                sample_labels.push((name, s));
+                sample_labels.push((name, s.as_str()));
             }
         }
         if !groups.contains_key(&service) && groups.len() >= limits.max_series {

@@ -547,3 +547,44 @@ fn garbage_truncation_and_corruption_never_panic() {
         run(&js[..cut], Encoding::Json);
     }
 }
+
+/// `testdata/python-sdk-0.63b4.pb`: the first OTLP/HTTP request of PyPI
+/// `opentelemetry-sdk-extension-profiling` 0.63b4 (with its pinned
+/// `opentelemetry-proto` 1.40) profiling a small program (`main` calling
+/// `hot_loop`) with `OTEL_SERVICE_NAME=pyapp`, captured by a local HTTP
+/// server.
+#[test]
+fn python_sdk_request_is_the_v1_9_layout() {
+    let body = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/testdata/python-sdk-0.63b4.pb"
+    ))
+    .unwrap();
+    let (layout, n) = convert(&body, Encoding::Protobuf).unwrap();
+    assert_eq!(layout, Layout::V1_8);
+    let t = "wall:samples:count:wall:nanoseconds";
+    assert!(!n.profiles.is_empty());
+    for p in &n.profiles {
+        assert_eq!(p.profile_type.to_string(), t);
+        assert_eq!(p.labels.get("service_name"), Some("pyapp"), "{}", p.labels);
+        assert!(p.labels.get("thread_name").is_some(), "{}", p.labels);
+    }
+    let s = stacks(&n, t);
+    let hot: i64 = s
+        .iter()
+        .filter(|(k, _)| k.ends_with("main@;hot_loop@"))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(hot > 0 && hot * 2 > s.values().sum::<i64>(), "{s:?}");
+    // Read as v1.10, the same bytes would be different numbers: the
+    // layout matters.
+    let r = Request {
+        message: Request::decode(&body, Encoding::Protobuf, &Limits::default())
+            .unwrap()
+            .message,
+        layout: Layout::V1_10,
+    };
+    if let Ok(m) = r.convert(Id::from_u128(7), &Limits::default()) {
+        assert_ne!(stacks(&m, t), s);
+    }
+}

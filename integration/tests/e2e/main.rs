@@ -9,6 +9,7 @@ mod cluster;
 mod corpus;
 mod docs_examples;
 mod flight;
+mod otlp;
 mod pyroscope_client;
 mod startup;
 mod ui;
