@@ -18,7 +18,7 @@ use fathom_model::{IngestBatch, Labels, TenantId};
 use fathom_otlp::Encoding;
 use prost::Message;
 use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::codegen::{EnabledCompressionEncodings, http};
+use tonic::codegen::http;
 
 use crate::http::gunzip_bounded;
 use crate::{Distributor, request_seed};
@@ -198,11 +198,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for OtlpProfilesServer {
         let d = self.d.clone();
         Box::pin(async move {
             let max = d.limits.max_body_bytes;
-            let mut accept = EnabledCompressionEncodings::default();
-            accept.enable(CompressionEncoding::Gzip);
             let mut grpc = tonic::server::Grpc::new(RawCodec)
-                .apply_compression_config(accept, EnabledCompressionEncodings::default())
-                .apply_max_message_size_config(Some(max), None);
+                .accept_compressed(CompressionEncoding::Gzip)
+                .max_decoding_message_size(max);
             Ok(grpc.unary(Export(d), req).await)
         })
     }

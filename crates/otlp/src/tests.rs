@@ -35,8 +35,17 @@ fn convert(body: &[u8], enc: Encoding) -> Result<(Layout, Normalized), Error> {
 /// Stack (root first, `function@file(build id)` per frame) → value, of
 /// the profiles of one type.
 fn stacks(n: &Normalized, profile_type: &str) -> BTreeMap<String, i64> {
+    stacks_of(n, profile_type, None)
+}
+
+/// [`stacks`] of one service only.
+fn stacks_of(n: &Normalized, profile_type: &str, service: Option<&str>) -> BTreeMap<String, i64> {
     let mut out = BTreeMap::new();
-    for p in n.profiles.iter().filter(|p| p.profile_type.to_string() == profile_type) {
+    let keep = |p: &&Profile| {
+        p.profile_type.to_string() == profile_type
+            && service.is_none_or(|s| p.labels.get("service_name") == Some(s))
+    };
+    for p in n.profiles.iter().filter(keep) {
         for s in &p.samples {
             let st = &n.symbols.stacks[&s.stack];
             let mut frames = Vec::new();
@@ -87,16 +96,40 @@ fn ebpf_profiler_request_matches_pyroscope_expectations() {
     let types: std::collections::BTreeSet<String> =
         n.profiles.iter().map(|p| p.profile_type.to_string()).collect();
     assert_eq!(types, [OFF_CPU, CPU].map(String::from).into());
+    let mut services = std::collections::BTreeSet::new();
     for p in &n.profiles {
-        assert_eq!(p.labels.get("service_name"), Some("unknown_service"), "{}", p.labels);
+        services.insert(p.labels.get("service_name").unwrap().to_owned());
         assert!(p.labels.get("process_pid").is_some(), "{}", p.labels);
         assert!(p.time_nanos > 1_700_000_000_000_000_000);
     }
-    let cpu = stacks(&n, CPU);
+    // Resources with process.executable.name are services of their own,
+    // as in Pyroscope (whose expectations select `unknown_service`).
+    assert_eq!(
+        services,
+        [
+            "unknown_service",
+            "unknown_service:containerd",
+            "unknown_service:kwin_wayland",
+            "unknown_service:xdg-desktop-portal"
+        ]
+        .map(String::from)
+        .into()
+    );
+    let svc = Some("unknown_service");
+    let cpu = stacks_of(&n, CPU, svc);
     assert_eq!(cpu, expected("test/integration/testdata/otel-ebpf-profile-cpu.out.json"));
     assert_eq!(cpu.values().sum::<i64>(), 10 * 50_000_000);
-    let off = stacks(&n, OFF_CPU);
+    let off = stacks_of(&n, OFF_CPU, svc);
     assert_eq!(off, expected("test/integration/testdata/otel-ebpf-profile-offcpu.out.json"));
+    // xdg-desktop-portal's native frames came without symbols: kept as
+    // binary + address.
+    let portal = stacks_of(&n, OFF_CPU, Some("unknown_service:xdg-desktop-portal"));
+    assert!(
+        portal
+            .keys()
+            .any(|k| k.split(';').any(|f| f.starts_with("0x") && f.contains("@libglib-2.0.so"))),
+        "{portal:?}"
+    );
 }
 
 #[test]

@@ -78,6 +78,9 @@ fn queried_stacks(f: &Fathom, tenant: &str, query: &str) -> BTreeMap<String, i64
                 .map_or(String::new(), |m| {
                     format!("{}({})", str_at(m.filename), str_at(m.build_id))
                 });
+            if loc.line.is_empty() {
+                frames.push(format!("0x{:x}@{map}", loc.address));
+            }
             for line in loc.line.iter().rev() {
                 let func = p.function.iter().find(|f| f.id == line.function_id).unwrap();
                 frames.push(format!("{}@{map}", str_at(func.name)));
@@ -129,6 +132,18 @@ fn otlp_ebpf_profiler_request_matches_expected_cpu_and_off_cpu() {
         let q = |t: &str| format!("{t}{{service_name=\"unknown_service\"}}");
         assert_eq!(queried_stacks(&f, tenant, &q(CPU)), cpu, "{tenant}: CPU");
         assert_eq!(queried_stacks(&f, tenant, &q(OFF_CPU)), off, "{tenant}: off-CPU");
+        // Native frames without symbols keep binary and address.
+        let portal = queried_stacks(
+            &f,
+            tenant,
+            &format!("{OFF_CPU}{{service_name=\"unknown_service:xdg-desktop-portal\"}}"),
+        );
+        let unsymbolized = portal
+            .keys()
+            .flat_map(|k| k.split(';'))
+            .filter(|fr| fr.starts_with("0x") && fr.contains("@libglib-2.0.so"))
+            .count();
+        assert!(unsymbolized > 0, "{tenant}: {portal:?}");
     }
 }
 
