@@ -380,6 +380,8 @@ fn otlp_bad_input_is_refused_whole() {
         400,
         "gzip",
     );
+    let stored = |f: &Fathom| f.metric("fathom_distributor_profiles_total").unwrap_or(0.0);
+    assert_eq!(stored(&f), 0.0, "a refused request stored profiles");
     let attrs: Vec<String> = (0..100)
         .map(|i| format!(r#"{{"key":"k{i}","value":{{"stringValue":"v"}}}}"#))
         .collect();
@@ -402,8 +404,10 @@ fn otlp_bad_input_is_refused_whole() {
     // The same request with few attributes is fine (the check above is
     // about the attributes, not the request).
     let small = json.replace(&attrs[3..].join(","), &attrs[3]);
+    assert_eq!(stored(&f), 0.0, "a refused request stored profiles");
     let (s, b) = post(&f, "ok", "application/json", false, small.into_bytes());
     assert_eq!(s, 200, "{b}");
+    assert_eq!(stored(&f), 1.0);
 
     let url = f.url("");
     let e = grpc_export(&url, garbage).unwrap_err();
@@ -414,24 +418,22 @@ fn otlp_bad_input_is_refused_whole() {
     assert!(e.message().contains("v1.7.0 or earlier"), "{e:?}");
     let e = grpc_export(&url, pb[..pb.len() / 3].to_vec()).unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert_eq!(stored(&f), 1.0, "a refused gRPC request stored profiles");
     grpc_export(&url, pb.clone()).unwrap();
+    assert!(stored(&f) > 1.0);
 
-    // Only the two good requests were stored: the small JSON one (one
-    // profile) and the eBPF one over gRPC.
+    // The server still serves, and tenant "bad" has nothing in the time
+    // range of the eBPF request nor now.
     let (s, _) = f.get(None, "/ready", &[]).unwrap();
     assert_eq!(s, 200);
-    let (s, body) = f
-        .get(
-            Some("bad"),
-            "/api/v1/query",
-            &[
-                ("query", "process_cpu:cpu:nanoseconds:cpu:nanoseconds{}"),
-                ("start", "0"),
-                ("end", "now"),
-                ("format", "folded"),
-            ],
-        )
-        .unwrap();
-    assert_eq!(s, 200);
-    assert!(body.is_empty(), "tenant bad has data: {}", String::from_utf8_lossy(&body));
+    for (start, end) in [("1774900000000", "1774920000000"), ("now-1h", "now")] {
+        let v = f
+            .get_json(
+                Some("bad"),
+                "/api/v1/profile_types",
+                &[("start", start), ("end", end)],
+            )
+            .unwrap();
+        assert_eq!(v["profile_types"], serde_json::json!([]), "{v}");
+    }
 }
