@@ -96,7 +96,12 @@ async fn export_http_inner(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let mime = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     let encoding = match mime.as_str() {
         "application/x-protobuf" | "application/protobuf" => Encoding::Protobuf,
         "application/json" => Encoding::Json,

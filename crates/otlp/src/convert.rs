@@ -62,7 +62,9 @@ impl<'a> Dict<'a> {
         what: &dyn Fn() -> String,
     ) -> Result<(&'a str, Option<&'a Value>), Error> {
         let a = get(&self.0.attribute_table, "attribute_table", index, what)?;
-        let key = self.string(a.key_strindex, &|| format!("{} (attribute {index})", what()))?;
+        let key = self.string(a.key_strindex, &|| {
+            format!("{} (attribute {index})", what())
+        })?;
         Ok((key, a.value.as_ref().and_then(|v| v.value.as_ref())))
     }
 }

@@ -376,7 +376,11 @@ fn profile(p: Profile) -> Result<wire::Profile, Error> {
                 .into_iter()
                 .map(i64::from)
                 .collect(),
-            field3: if link == 0 { Vec::new() } else { vec![i64::from(link)] },
+            field3: if link == 0 {
+                Vec::new()
+            } else {
+                vec![i64::from(link)]
+            },
             field4: nums(s.values),
             timestamps_unix_nano: nums(s.timestamps_unix_nano),
         });

@@ -54,10 +54,10 @@
 //!   panics on input.
 
 mod convert;
-#[cfg(test)]
-mod tests;
 mod json;
 mod scan;
+#[cfg(test)]
+mod tests;
 pub mod wire;
 
 use fathom_model::Id;
@@ -229,7 +229,10 @@ fn check_counts(profiles: usize, samples: usize, limits: &Limits) -> Result<(), 
     Ok(())
 }
 
-fn resolve_layout(m: &wire::ExportProfilesServiceRequest, ev: &scan::Evidence) -> Result<Layout, Error> {
+fn resolve_layout(
+    m: &wire::ExportProfilesServiceRequest,
+    ev: &scan::Evidence,
+) -> Result<Layout, Error> {
     match (ev.v1_8, ev.v1_10) {
         (Some(v1_8), Some(v1_10)) => return Err(Error::MixedLayout { v1_8, v1_10 }),
         (Some(_), None) => return Ok(Layout::V1_8),

@@ -191,11 +191,13 @@ impl Scanner<'_> {
                     )
                 }
                 (5, VARINT) => {
-                    self.out.evidence.legacy =
-                        Some("Profile field 5 is a number (duration_nanos), where v1.8+ has period_type")
+                    self.out.evidence.legacy = Some(
+                        "Profile field 5 is a number (duration_nanos), where v1.8+ has period_type",
+                    )
                 }
                 (6, LEN) => {
-                    self.out.evidence.legacy = Some("Profile field 6 is a message (period_type), where v1.8+ has period")
+                    self.out.evidence.legacy =
+                        Some("Profile field 6 is a message (period_type), where v1.8+ has period")
                 }
                 _ => {}
             }
@@ -243,10 +245,7 @@ impl Scanner<'_> {
                         "Sample field 5 is a varint (link_index), where v1.8+ has fixed64 timestamps",
                     )
                 }
-                (6, _) => {
-                    ev.legacy =
-                        Some("Sample has field 6 (timestamps_unix_nano before v1.8)")
-                }
+                (6, _) => ev.legacy = Some("Sample has field 6 (timestamps_unix_nano before v1.8)"),
                 _ => {}
             }
             if let Some(sub) = r.skip(wt)? {

@@ -57,7 +57,10 @@ fn stacks_of(n: &Normalized, profile_type: &str, service: Option<&str>) -> BTree
                     frames.push(format!("0x{:x}@{map}", loc.address));
                 }
                 for line in loc.lines.iter().rev() {
-                    frames.push(format!("{}@{map}", n.symbols.functions[&line.function].name));
+                    frames.push(format!(
+                        "{}@{map}",
+                        n.symbols.functions[&line.function].name
+                    ));
                 }
             }
             *out.entry(frames.join(";")).or_insert(0) += s.value;
@@ -93,8 +96,11 @@ const OFF_CPU: &str = "off_cpu:off_cpu:nanoseconds:unknown:count";
 fn ebpf_profiler_request_matches_pyroscope_expectations() {
     let (layout, n) = convert(&read(EBPF_PB), Encoding::Protobuf).unwrap();
     assert_eq!(layout, Layout::V1_10);
-    let types: std::collections::BTreeSet<String> =
-        n.profiles.iter().map(|p| p.profile_type.to_string()).collect();
+    let types: std::collections::BTreeSet<String> = n
+        .profiles
+        .iter()
+        .map(|p| p.profile_type.to_string())
+        .collect();
     assert_eq!(types, [OFF_CPU, CPU].map(String::from).into());
     let mut services = std::collections::BTreeSet::new();
     for p in &n.profiles {
@@ -117,17 +123,23 @@ fn ebpf_profiler_request_matches_pyroscope_expectations() {
     );
     let svc = Some("unknown_service");
     let cpu = stacks_of(&n, CPU, svc);
-    assert_eq!(cpu, expected("test/integration/testdata/otel-ebpf-profile-cpu.out.json"));
+    assert_eq!(
+        cpu,
+        expected("test/integration/testdata/otel-ebpf-profile-cpu.out.json")
+    );
     assert_eq!(cpu.values().sum::<i64>(), 10 * 50_000_000);
     let off = stacks_of(&n, OFF_CPU, svc);
-    assert_eq!(off, expected("test/integration/testdata/otel-ebpf-profile-offcpu.out.json"));
+    assert_eq!(
+        off,
+        expected("test/integration/testdata/otel-ebpf-profile-offcpu.out.json")
+    );
     // xdg-desktop-portal's native frames came without symbols: kept as
     // binary + address.
     let portal = stacks_of(&n, OFF_CPU, Some("unknown_service:xdg-desktop-portal"));
     assert!(
-        portal
-            .keys()
-            .any(|k| k.split(';').any(|f| f.starts_with("0x") && f.contains("@libglib-2.0.so"))),
+        portal.keys().any(|k| k
+            .split(';')
+            .any(|f| f.starts_with("0x") && f.contains("@libglib-2.0.so"))),
         "{portal:?}"
     );
 }
@@ -151,8 +163,17 @@ fn json_encoding_reads_the_same() {
 /// either layout, and a resource with `service.name`.
 fn small_request(layout: Layout) -> ExportProfilesServiceRequest {
     let strings = [
-        "", "samples", "count", "wall", "nanoseconds", "main", "app.py", "work", "thread.name",
-        "MainThread", "thread.id",
+        "",
+        "samples",
+        "count",
+        "wall",
+        "nanoseconds",
+        "main",
+        "app.py",
+        "work",
+        "thread.name",
+        "MainThread",
+        "thread.id",
     ];
     let s = |x: &str| strings.iter().position(|y| *y == x).unwrap() as i32;
     let attr = |k: &str, v: Value| KeyValueAndUnit {
@@ -273,11 +294,18 @@ fn both_layouts_read_the_same() {
         let (got, n) = convert(&body, Encoding::Protobuf).unwrap();
         assert_eq!(got, layout);
         let p = only_profile(&n);
-        assert_eq!(p.profile_type.to_string(), "wall:samples:count:wall:nanoseconds");
+        assert_eq!(
+            p.profile_type.to_string(),
+            "wall:samples:count:wall:nanoseconds"
+        );
         assert_eq!(p.labels.get("service_name"), Some("pyapp"));
         assert_eq!(p.labels.get("deployment_environment"), Some("e2e"));
         assert_eq!(p.labels.get("thread_name"), Some("MainThread"));
-        assert_eq!(p.labels.get("thread_id"), None, "numeric sample attributes are dropped");
+        assert_eq!(
+            p.labels.get("thread_id"),
+            None,
+            "numeric sample attributes are dropped"
+        );
         assert_eq!(stacks(&n, "wall:samples:count:wall:nanoseconds"), {
             let mut m = BTreeMap::new();
             m.insert("main@;work@".to_owned(), 7);
@@ -361,7 +389,10 @@ fn layouts_before_v1_8_are_refused_with_a_message() {
     let e = convert(&req, Encoding::Protobuf).unwrap_err();
     assert!(matches!(e, Error::Legacy(_)), "{e}");
     let msg = e.to_string();
-    assert!(msg.contains("v1.7.0 or earlier") && msg.contains("v1.8.0"), "{msg}");
+    assert!(
+        msg.contains("v1.7.0 or earlier") && msg.contains("v1.8.0"),
+        "{msg}"
+    );
 
     // The same in JSON.
     let json = br#"{"resourceProfiles":[{"scopeProfiles":[{"profiles":[{
@@ -418,7 +449,10 @@ fn value_overflow_and_empty_samples_are_refused() {
     s.timestamps_unix_nano.clear();
     s.field2.clear();
     let e = convert(&r.encode_to_vec(), Encoding::Protobuf).unwrap_err();
-    assert!(e.to_string().contains("neither values nor timestamps"), "{e}");
+    assert!(
+        e.to_string().contains("neither values nor timestamps"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -521,7 +555,10 @@ fn decoding_is_bounded() {
         ..Default::default()
     };
     let e = Request::decode(&req, Encoding::Protobuf, &limits).unwrap_err();
-    assert!(e.to_string().contains("location_table has more than 1000"), "{e}");
+    assert!(
+        e.to_string().contains("location_table has more than 1000"),
+        "{e}"
+    );
 
     let json = format!(
         r#"{{"dictionary":{{"locationTable":[{}{{}}]}}}}"#,
@@ -551,7 +588,15 @@ fn garbage_truncation_and_corruption_never_panic() {
             let _ = r.convert(Id::ZERO, &limits);
         }
     };
-    for g in [&b""[..], b"\x00", b"\xff\xff\xff", b"hello world", b"{", b"[]", b"null"] {
+    for g in [
+        &b""[..],
+        b"\x00",
+        b"\xff\xff\xff",
+        b"hello world",
+        b"{",
+        b"[]",
+        b"null",
+    ] {
         run(g, Encoding::Protobuf);
         run(g, Encoding::Json);
     }

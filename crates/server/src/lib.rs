@@ -39,9 +39,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use fathom_block::BlockIndex;
-use fathom_distributor::{
-    Distributor, IngesterWriter, OtlpProfilesServer, PushServer, WriteError,
-};
+use fathom_distributor::{Distributor, IngesterWriter, OtlpProfilesServer, PushServer, WriteError};
 use fathom_ingester::Ingester;
 use fathom_metastore::{MetastoreClient, MetastoreConfig, MetastoreNode};
 use fathom_model::{Id, IngestBatch, Symbols, TenantId};

@@ -22,13 +22,7 @@ fn otlp_file(name: &str) -> Vec<u8> {
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-fn post(
-    f: &Fathom,
-    tenant: &str,
-    content_type: &str,
-    gzip: bool,
-    body: Vec<u8>,
-) -> (u16, String) {
+fn post(f: &Fathom, tenant: &str, content_type: &str, gzip: bool, body: Vec<u8>) -> (u16, String) {
     let mut rb = reqwest::blocking::Client::new()
         .post(f.url("/v1development/profiles"))
         .header("X-Scope-OrgID", tenant)
@@ -82,7 +76,11 @@ fn queried_stacks(f: &Fathom, tenant: &str, query: &str) -> BTreeMap<String, i64
                 frames.push(format!("0x{:x}@{map}", loc.address));
             }
             for line in loc.line.iter().rev() {
-                let func = p.function.iter().find(|f| f.id == line.function_id).unwrap();
+                let func = p
+                    .function
+                    .iter()
+                    .find(|f| f.id == line.function_id)
+                    .unwrap();
                 frames.push(format!("{}@{map}", str_at(func.name)));
             }
         }
@@ -104,11 +102,8 @@ fn expected_stacks(name: &str) -> BTreeMap<String, i64> {
                 frames.push(format!("{name}@{map}"));
             }
         }
-        *out.entry(frames.join(";")).or_insert(0) += s["values"]
-            .as_str()
-            .unwrap()
-            .parse::<i64>()
-            .unwrap();
+        *out.entry(frames.join(";")).or_insert(0) +=
+            s["values"].as_str().unwrap().parse::<i64>().unwrap();
     }
     out
 }
@@ -121,7 +116,12 @@ fn otlp_ebpf_profiler_request_matches_expected_cpu_and_off_cpu() {
     let sends = [
         ("otlp-pb", "application/x-protobuf", false, pb.clone()),
         ("otlp-gz", "application/x-protobuf", true, gzip(&pb)),
-        ("otlp-json", "application/json", false, otlp_file("otel-ebpf-profile.pb.json")),
+        (
+            "otlp-json",
+            "application/json",
+            false,
+            otlp_file("otel-ebpf-profile.pb.json"),
+        ),
     ];
     let cpu = expected_stacks("otel-ebpf-profile-cpu.out.json");
     let off = expected_stacks("otel-ebpf-profile-offcpu.out.json");
@@ -131,7 +131,11 @@ fn otlp_ebpf_profiler_request_matches_expected_cpu_and_off_cpu() {
         assert_eq!(s, 200, "{tenant}: {b}\n{}", f.log());
         let q = |t: &str| format!("{t}{{service_name=\"unknown_service\"}}");
         assert_eq!(queried_stacks(&f, tenant, &q(CPU)), cpu, "{tenant}: CPU");
-        assert_eq!(queried_stacks(&f, tenant, &q(OFF_CPU)), off, "{tenant}: off-CPU");
+        assert_eq!(
+            queried_stacks(&f, tenant, &q(OFF_CPU)),
+            off,
+            "{tenant}: off-CPU"
+        );
         // Native frames without symbols keep binary and address.
         let portal = queried_stacks(
             &f,
@@ -196,7 +200,11 @@ fn otlp_python_sdk_exports_over_http_and_grpc() {
     let script = dir.path().join("app.py");
     std::fs::write(&script, PROGRAM).unwrap();
     let runs = [
-        ("otlp-py-http", "http/protobuf", f.url("/v1development/profiles")),
+        (
+            "otlp-py-http",
+            "http/protobuf",
+            f.url("/v1development/profiles"),
+        ),
         ("otlp-py-grpc", "grpc", f.url("")),
     ];
     for (service, protocol, endpoint) in runs {
@@ -206,7 +214,10 @@ fn otlp_python_sdk_exports_over_http_and_grpc() {
             .env("OTEL_SERVICE_NAME", service)
             .env("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=e2e")
             .env("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", protocol)
-            .env("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT", endpoint.trim_end_matches('/'))
+            .env(
+                "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+                endpoint.trim_end_matches('/'),
+            )
             .env("OTEL_EXPORTER_OTLP_PROFILES_INSECURE", "true")
             .env("OTEL_PROFILING_EXPORT_INTERVAL", "1")
             .output()
@@ -232,9 +243,7 @@ fn otlp_python_sdk_exports_over_http_and_grpc() {
                 assert!(hot["cum"].as_i64().unwrap() > 0 && total > 0, "{v}");
                 let folded = f.folded(None, &q, "now-1h", "now").unwrap();
                 assert!(
-                    folded
-                        .keys()
-                        .any(|s| s.ends_with("main;hot_loop")),
+                    folded.keys().any(|s| s.ends_with("main;hot_loop")),
                     "{service}: {folded:?}"
                 );
                 break;
@@ -297,7 +306,9 @@ fn grpc_export(url: &str, body: Vec<u8>) -> Result<(), tonic::Status> {
         let mut g = tonic::client::Grpc::new(ch);
         g.ready().await.unwrap();
         let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT);
-        g.unary(tonic::Request::new(body), path, Raw).await.map(|_| ())
+        g.unary(tonic::Request::new(body), path, Raw)
+            .await
+            .map(|_| ())
     })
 }
 
@@ -328,7 +339,10 @@ fn assert_refused(what: &str, (status, body): (u16, String), code: u16, needle: 
     let v: serde_json::Value = serde_json::from_str(&body)
         .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {body}"));
     let msg = v["error"].as_str().unwrap_or_default();
-    assert!(msg.contains(needle), "{what}: {msg:?} does not say {needle:?}");
+    assert!(
+        msg.contains(needle),
+        "{what}: {msg:?} does not say {needle:?}"
+    );
 }
 
 #[test]
@@ -339,14 +353,30 @@ fn otlp_bad_input_is_refused_whole() {
     let ct = "application/x-protobuf";
 
     let garbage = b"\x0a\xff\xff\xff\x0fnot a protobuf".to_vec();
-    assert_refused("garbage", post(&f, "bad", ct, false, garbage.clone()), 400, "not a valid OTLP");
+    assert_refused(
+        "garbage",
+        post(&f, "bad", ct, false, garbage.clone()),
+        400,
+        "not a valid OTLP",
+    );
     for cut in [1, 100, 5000, pb.len() / 2, pb.len() - 3] {
         let what = format!("truncated at {cut}");
-        assert_refused(&what, post(&f, "bad", ct, false, pb[..cut].to_vec()), 400, "not a valid OTLP");
+        assert_refused(
+            &what,
+            post(&f, "bad", ct, false, pb[..cut].to_vec()),
+            400,
+            "not a valid OTLP",
+        );
     }
     assert_refused(
         "JSON garbage",
-        post(&f, "bad", "application/json", false, b"{\"resourceProfiles\": [".to_vec()),
+        post(
+            &f,
+            "bad",
+            "application/json",
+            false,
+            b"{\"resourceProfiles\": [".to_vec(),
+        ),
         400,
         "JSON",
     );
@@ -397,7 +427,13 @@ fn otlp_bad_input_is_refused_whole() {
     );
     assert_refused(
         "oversized attribute set",
-        post(&f, "bad", "application/json", false, json.clone().into_bytes()),
+        post(
+            &f,
+            "bad",
+            "application/json",
+            false,
+            json.clone().into_bytes(),
+        ),
         400,
         "labels",
     );
