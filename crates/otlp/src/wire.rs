@@ -12,10 +12,10 @@
 //! profiler) number them `stack_index = 1, attribute_indices = 2,
 //! link_index = 3, values = 4, timestamps_unix_nano = 5`. [`Sample`] keeps
 //! fields 2, 3 and 4 as they are on the wire (a `repeated int64` accepts a
-//! packed list and a single number alike); [`crate::Layout`], found by
-//! [`crate::scan`], says what they mean. Every other message has the same
-//! numbering in all these releases (for `Profile`, up to field 6, the last
-//! one read here).
+//! packed list and a single number alike); [`crate::Layout`], which
+//! [`crate::Request::decode`] finds from the request, says what they mean.
+//! Every other message has the same numbering in all these releases (for
+//! `Profile`, up to field 6, the last one read here).
 
 /// `ExportProfilesServiceRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
