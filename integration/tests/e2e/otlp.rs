@@ -2,7 +2,7 @@
 //! profiler request over OTLP/HTTP (protobuf, gzip'd protobuf and JSON)
 //! gives Pyroscope's expected CPU and off-CPU results; the PyPI
 //! `opentelemetry-sdk-extension-profiling` exports over OTLP/HTTP and OTLP
-//! gRPC; bad input is refused whole with a message.
+//! gRPC (gzip'd); bad input is refused whole with a message.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -220,6 +220,9 @@ fn otlp_python_sdk_exports_over_http_and_grpc() {
             )
             .env("OTEL_EXPORTER_OTLP_PROFILES_INSECURE", "true")
             .env("OTEL_PROFILING_EXPORT_INTERVAL", "1")
+            // gzip over both protocols (the uncompressed path is the eBPF
+            // request's).
+            .env("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", "gzip")
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
