@@ -23,10 +23,20 @@ fn otlp_file(name: &str) -> Vec<u8> {
 }
 
 fn post(f: &Fathom, tenant: &str, content_type: &str, gzip: bool, body: Vec<u8>) -> (u16, String) {
+    post_to(
+        &f.url("/v1development/profiles"),
+        tenant,
+        content_type,
+        gzip,
+        body,
+    )
+}
+
+fn post_to(url: &str, tenant: &str, ct: &str, gzip: bool, body: Vec<u8>) -> (u16, String) {
     let mut rb = reqwest::blocking::Client::new()
-        .post(f.url("/v1development/profiles"))
+        .post(url)
         .header("X-Scope-OrgID", tenant)
-        .header("Content-Type", content_type)
+        .header("Content-Type", ct)
         .body(body);
     if gzip {
         rb = rb.header("Content-Encoding", "gzip");
@@ -44,19 +54,26 @@ fn gzip(b: &[u8]) -> Vec<u8> {
 /// Stack (root first, `function@file(build id)` per frame) → value, from a
 /// query's pprof output.
 fn queried_stacks(f: &Fathom, tenant: &str, query: &str) -> BTreeMap<String, i64> {
+    queried_stacks_at(&f.url("/api/v1/query"), tenant, query)
+}
+
+/// [`queried_stacks`] from the query URL of any process (a cluster's
+/// querier).
+fn queried_stacks_at(url: &str, tenant: &str, query: &str) -> BTreeMap<String, i64> {
     // The eBPF request was recorded on 2026-03-30.
-    let (s, body) = f
-        .get(
-            Some(tenant),
-            "/api/v1/query",
-            &[
-                ("query", query),
-                ("start", "1774900000000"),
-                ("end", "1774920000000"),
-                ("format", "pprof"),
-            ],
-        )
+    let r = reqwest::blocking::Client::new()
+        .get(url)
+        .header("X-Scope-OrgID", tenant)
+        .query(&[
+            ("query", query),
+            ("start", "1774900000000"),
+            ("end", "1774920000000"),
+            ("format", "pprof"),
+        ])
+        .send()
         .unwrap();
+    let s = r.status().as_u16();
+    let body = r.bytes().unwrap().to_vec();
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
     let p = fathom_pprof::decode(&body, &fathom_pprof::Limits::default()).unwrap();
     let str_at = |i: i64| p.string_table[i as usize].clone();
@@ -263,6 +280,11 @@ fn otlp_python_sdk_exports_over_http_and_grpc() {
 
 /// A gRPC `Export` call with raw bytes as the request message.
 fn grpc_export(url: &str, body: Vec<u8>) -> Result<(), tonic::Status> {
+    grpc_export_as(url, None, body)
+}
+
+/// [`grpc_export`] as a tenant.
+fn grpc_export_as(url: &str, tenant: Option<&str>, body: Vec<u8>) -> Result<(), tonic::Status> {
     use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
     #[derive(Clone, Copy, Default)]
     struct Raw;
@@ -309,9 +331,12 @@ fn grpc_export(url: &str, body: Vec<u8>) -> Result<(), tonic::Status> {
         let mut g = tonic::client::Grpc::new(ch);
         g.ready().await.unwrap();
         let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT);
-        g.unary(tonic::Request::new(body), path, Raw)
-            .await
-            .map(|_| ())
+        let mut req = tonic::Request::new(body);
+        if let Some(t) = tenant {
+            req.metadata_mut()
+                .insert("x-scope-orgid", t.parse().unwrap());
+        }
+        g.unary(req, path, Raw).await.map(|_| ())
     })
 }
 
@@ -474,5 +499,37 @@ fn otlp_bad_input_is_refused_whole() {
             )
             .unwrap();
         assert_eq!(v["profile_types"], serde_json::json!([]), "{v}");
+    }
+}
+
+/// On a cluster (RF=3): OTLP/HTTP and OTLP gRPC to the distributor
+/// processes, queried from the querier, give the same expected results.
+#[test]
+fn otlp_on_a_cluster_distributor() {
+    use fathom_integration::cluster::{Cluster, ClusterOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), &ClusterOptions::default()).unwrap();
+    let pb = otlp_file("otel-ebpf-profile.pb.bin");
+    let (s, b) = post_to(
+        &c.distributors[0].url("/v1development/profiles"),
+        "otlp-http",
+        "application/x-protobuf",
+        false,
+        pb.clone(),
+    );
+    assert_eq!(s, 200, "{b}");
+    let d1 = c.distributors[c.distributors.len() - 1].url("");
+    grpc_export_as(&d1, Some("otlp-grpc"), pb).unwrap();
+    let cpu = expected_stacks("otel-ebpf-profile-cpu.out.json");
+    let off = expected_stacks("otel-ebpf-profile-offcpu.out.json");
+    let q = |t: &str| format!("{t}{{service_name=\"unknown_service\"}}");
+    for tenant in ["otlp-http", "otlp-grpc"] {
+        let url = c.querier.url("/api/v1/query");
+        assert_eq!(queried_stacks_at(&url, tenant, &q(CPU)), cpu, "{tenant}");
+        assert_eq!(
+            queried_stacks_at(&url, tenant, &q(OFF_CPU)),
+            off,
+            "{tenant}"
+        );
     }
 }
