@@ -655,3 +655,25 @@ fn python_sdk_request_is_the_v1_9_layout() {
         .sum();
     assert!(hot > 0 && hot * 2 > s.values().sum::<i64>(), "{s:?}");
 }
+
+proptest::proptest! {
+    /// Arbitrary bytes (raw, or spliced into a valid request) are refused
+    /// or converted, never a panic.
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+        at in 0usize..1500,
+    ) {
+        let limits = Limits::default();
+        let mut spliced = small_request(Layout::V1_8).encode_to_vec();
+        let at = at.min(spliced.len());
+        spliced.splice(at..at, bytes.iter().copied());
+        for b in [&bytes, &spliced] {
+            for enc in [Encoding::Protobuf, Encoding::Json] {
+                if let Ok(r) = Request::decode(b, enc, &limits) {
+                    let _ = r.convert(Id::ZERO, &limits);
+                }
+            }
+        }
+    }
+}
