@@ -280,11 +280,16 @@ fn otlp_python_sdk_exports_over_http_and_grpc() {
 
 /// A gRPC `Export` call with raw bytes as the request message.
 fn grpc_export(url: &str, body: Vec<u8>) -> Result<(), tonic::Status> {
-    grpc_export_as(url, None, body)
+    grpc_export_as(url, None, body, false)
 }
 
 /// [`grpc_export`] as a tenant.
-fn grpc_export_as(url: &str, tenant: Option<&str>, body: Vec<u8>) -> Result<(), tonic::Status> {
+fn grpc_export_as(
+    url: &str,
+    tenant: Option<&str>,
+    body: Vec<u8>,
+    gzip: bool,
+) -> Result<(), tonic::Status> {
     use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
     #[derive(Clone, Copy, Default)]
     struct Raw;
@@ -329,6 +334,9 @@ fn grpc_export_as(url: &str, tenant: Option<&str>, body: Vec<u8>) -> Result<(), 
             .await
             .unwrap();
         let mut g = tonic::client::Grpc::new(ch);
+        if gzip {
+            g = g.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        }
         g.ready().await.unwrap();
         let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT);
         let mut req = tonic::Request::new(body);
@@ -482,6 +490,10 @@ fn otlp_bad_input_is_refused_whole() {
     assert!(e.message().contains("v1.7.0 or earlier"), "{e:?}");
     let e = grpc_export(&url, pb[..pb.len() / 3].to_vec()).unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // A gzip bomb over gRPC: 64 MiB of zeros, over the 16 MiB message limit.
+    let e = grpc_export_as(&url, Some("bad"), vec![0u8; 64 << 20], true).unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("size limit"), "{e:?}");
     assert_eq!(stored(&f), 1.0, "a refused gRPC request stored profiles");
     grpc_export(&url, pb.clone()).unwrap();
     assert!(stored(&f) > 1.0);
@@ -519,7 +531,7 @@ fn otlp_on_a_cluster_distributor() {
     );
     assert_eq!(s, 200, "{b}");
     let d1 = c.distributors[c.distributors.len() - 1].url("");
-    grpc_export_as(&d1, Some("otlp-grpc"), pb).unwrap();
+    grpc_export_as(&d1, Some("otlp-grpc"), pb, true).unwrap();
     let cpu = expected_stacks("otel-ebpf-profile-cpu.out.json");
     let off = expected_stacks("otel-ebpf-profile-offcpu.out.json");
     let q = |t: &str| format!("{t}{{service_name=\"unknown_service\"}}");
