@@ -30,8 +30,10 @@ otlp_venv="${CARGO_TARGET_DIR:-target}/otlp-venv"
 if ! "$otlp_venv/bin/python" -c 'import opentelemetry.sdk.extension.profiling' 2>/dev/null; then
   echo "installing opentelemetry-sdk-extension-profiling into $otlp_venv"
   python3 -m venv "$otlp_venv" 2>/dev/null || {
+    # Debian's Python needs python3-venv for ensurepip.
+    apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    python3 -m venv "$otlp_venv"
+    python3 -m venv --clear "$otlp_venv"
   }
   "$otlp_venv/bin/pip" install -q 'opentelemetry-sdk-extension-profiling==0.63b4'
 fi
