@@ -24,13 +24,30 @@ if ! python3 -c 'import pyroscope, pyarrow, adbc_driver_flightsql, selenium' 2>/
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
 fi
+# A venv under the target directory (the system Python keeps its own pins);
+# Debian's Python needs python3-venv for ensurepip.
+make_venv() {
+  python3 -m venv "$1" 2>/dev/null || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv --clear "$1"
+  }
+}
 # pyroscope-io 1.4.x (it pushes over push.v1) for its e2e test, in a venv
 # under the target directory: the system Python keeps 0.8.16 for the
 # legacy-SDK test. The test creates the same venv if it is missing.
 venv="${CARGO_TARGET_DIR:-target}/pyroscope-io-1.4"
 if ! "$venv/bin/python" -c 'import pyroscope' 2>/dev/null; then
-  python3 -m venv "$venv"
+  make_venv "$venv"
   "$venv/bin/pip" install -q 'pyroscope-io>=1.4,<1.5'
+fi
+# The OpenTelemetry profiling SDK (OTLP e2e test) in its own venv: it pins
+# opentelemetry-exporter-otlp/protobuf versions of its own.
+otlp_venv="${CARGO_TARGET_DIR:-target}/otlp-venv"
+if ! "$otlp_venv/bin/python" -c 'import opentelemetry.sdk.extension.profiling' 2>/dev/null; then
+  echo "installing opentelemetry-sdk-extension-profiling into $otlp_venv"
+  make_venv "$otlp_venv"
+  "$otlp_venv/bin/pip" install -q 'opentelemetry-sdk-extension-profiling==0.63b4'
 fi
 # Garage, the S3 server of the object-storage tests (about 20 minutes to
 # build; only when missing).

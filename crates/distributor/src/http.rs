@@ -30,6 +30,7 @@ pub fn router(d: Distributor) -> axum::Router {
         .with_state(crate::push_v1::PushV1::new(d.clone()));
     axum::Router::new()
         .route("/ingest", post(ingest))
+        .route(crate::otlp::HTTP_PATH, post(crate::otlp::export_http))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(d)
         .merge(push_v1)

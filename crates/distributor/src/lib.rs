@@ -25,6 +25,7 @@
 mod http;
 pub mod ingest;
 mod jfr;
+mod otlp;
 mod push;
 mod push_v1;
 pub mod ring;
@@ -41,6 +42,7 @@ pub use http::router;
 pub use ingest::{
     Accepted, DecodeContext, Encoding, FoldedParams, Format, Idempotence, IngestRequest, Payload,
 };
+pub use otlp::OtlpProfilesServer;
 pub use push::PushServer;
 pub use push_v1::PUSH_V1_PATH;
 

@@ -11,6 +11,7 @@ mod docs_examples;
 mod flight;
 mod jfr;
 mod push_v1;
+mod otlp;
 mod pyroscope_client;
 mod speedscope;
 mod startup;
