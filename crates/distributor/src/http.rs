@@ -1,10 +1,16 @@
 //! `POST /ingest`: the ingest convention that Pyroscope clients use.
 //!
 //! `name=<service>[.<kind>]{k=v,…}`, `from`/`until` (unix seconds),
-//! `format=pprof|folded` (default folded, as in Pyroscope), and for folded
-//! `units`, `sampleRate`, `aggregationType`. The body is raw or gzip'd
+//! `format=pprof|folded|jfr|speedscope` (default folded, as in Pyroscope),
+//! and for folded `units`, `sampleRate`, `aggregationType` (`sampleRate`
+//! for jfr and speedscope too). The body is raw or gzip'd
 //! (`Content-Encoding: gzip` or the gzip magic), or `multipart/form-data`
-//! with the profile in a `profile` part (the Go SDK's form).
+//! with the profile in a `profile` part (the Go SDK's form); JFR's form has
+//! a `jfr` part (the recording) and an optional `labels` part (a
+//! `LabelsSnapshot`, Pyroscope's Java agent's form).
+//!
+//! Also mounts the other HTTP write routes: push.v1 (Connect and gRPC) and
+//! OTLP/HTTP (`POST /v1development/profiles`).
 
 use std::collections::HashMap;
 
@@ -18,7 +24,8 @@ use fathom_model::{Labels, SERVICE_NAME, TenantId, valid_label_name};
 use serde_json::json;
 
 use crate::{
-    Accepted, Distributor, Encoding, FoldedParams, Format, Idempotence, IngestRequest, Payload,
+    Accepted, Distributor, Encoding, FoldedParams, Format, Idempotence, IngestRequest, JfrParams,
+    Payload,
 };
 
 /// The write routes, to be merged into the server's router: `/ingest` and
@@ -170,7 +177,22 @@ async fn ingest(
     ))
 }
 
-async fn body_bytes(d: &Distributor, headers: &HeaderMap, req: Request) -> Result<Bytes, ApiError> {
+/// The parts of a request body: the profile, and for JFR its labels part.
+struct Body {
+    profile: Bytes,
+    labels: Option<Bytes>,
+    /// Bytes received (all parts read).
+    received: usize,
+}
+
+/// Reads the body: raw, or `multipart/form-data` with the profile in the
+/// part named `part` (`profile`, or `jfr` with an optional `labels` part).
+async fn read_body(
+    d: &Distributor,
+    headers: &HeaderMap,
+    req: Request,
+    part: &str,
+) -> Result<Body, ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -179,30 +201,52 @@ async fn body_bytes(d: &Distributor, headers: &HeaderMap, req: Request) -> Resul
         let mut mp = Multipart::from_request(req, &())
             .await
             .map_err(|e| ApiError::bad_request(format!("multipart body: {e}")))?;
+        let (mut profile, mut labels, mut received) = (None, None, 0usize);
         while let Some(field) = mp
             .next_field()
             .await
             .map_err(|e| ApiError::bad_request(format!("multipart body: {e}")))?
         {
-            if field.name() == Some("profile") {
-                return field
-                    .bytes()
-                    .await
-                    .map_err(|e| ApiError::bad_request(format!("multipart part 'profile': {e}")));
+            let name = field.name().unwrap_or("").to_owned();
+            let is_labels = part == "jfr" && name == "labels";
+            if name != part && !is_labels {
+                continue;
+            }
+            let bytes = field
+                .bytes()
+                .await
+                .map_err(|e| ApiError::bad_request(format!("multipart part '{name}': {e}")))?;
+            received += bytes.len();
+            if is_labels {
+                labels = Some(bytes);
+            } else {
+                profile = Some(bytes);
             }
         }
-        return Err(ApiError::bad_request(
-            "multipart body has no 'profile' part",
-        ));
+        let profile = profile
+            .ok_or_else(|| ApiError::bad_request(format!("multipart body has no '{part}' part")))?;
+        if profile.is_empty() {
+            return Err(ApiError::bad_request(format!("the '{part}' part is empty")));
+        }
+        return Ok(Body {
+            profile,
+            labels,
+            received,
+        });
     }
-    axum::body::to_bytes(req.into_body(), d.limits.max_body_bytes)
+    let profile = axum::body::to_bytes(req.into_body(), d.limits.max_body_bytes)
         .await
         .map_err(|_| {
             ApiError::TooLarge(format!(
                 "request body is larger than the limit of {} bytes",
                 d.limits.max_body_bytes
             ))
-        })
+        })?;
+    Ok(Body {
+        received: profile.len(),
+        profile,
+        labels: None,
+    })
 }
 
 /// The query parameters and body of `/ingest` as an [`IngestRequest`].
@@ -221,9 +265,16 @@ async fn ingest_inner(
     let format = match format_name {
         "pprof" => Format::Pprof,
         "folded" => Format::Folded(folded_params(p)?),
+        "jfr" => Format::Jfr(JfrParams {
+            sample_rate: sample_rate(p)?,
+            labels: None,
+        }),
+        "speedscope" => Format::Speedscope {
+            sample_rate: sample_rate(p)?,
+        },
         other => {
             return Err(ApiError::bad_request(format!(
-                "format {other:?} is not supported; use pprof or folded"
+                "format {other:?} is not supported; use pprof, folded, jfr or speedscope"
             )));
         }
     };
@@ -248,15 +299,28 @@ async fn ingest_inner(
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
-    let raw = body_bytes(d, headers, req).await?;
-    if raw.is_empty() {
+    let part = if matches!(format, Format::Jfr(_)) {
+        "jfr"
+    } else {
+        "profile"
+    };
+    let body = read_body(d, headers, req, part).await?;
+    if body.profile.is_empty() {
         return Err(ApiError::bad_request("request body is empty"));
     }
+    let format = match format {
+        Format::Jfr(j) => Format::Jfr(JfrParams {
+            labels: body.labels,
+            ..j
+        }),
+        f => f,
+    };
     let parts = [
         name.as_str(),
         format_name,
         p.get("from").map(String::as_str).unwrap_or(""),
         p.get("until").map(String::as_str).unwrap_or(""),
+        p.get("sampleRate").map(String::as_str).unwrap_or(""),
     ];
     let payload = Payload {
         format,
@@ -271,26 +335,30 @@ async fn ingest_inner(
         duration_nanos: duration,
         idempotence: Idempotence::Content(parts.iter().map(|s| s.to_string()).collect()),
         context: String::new(),
-        body: raw,
+        body: body.profile,
     };
     d.ingest(IngestRequest {
         tenant,
-        received_bytes: payload.body.len(),
+        received_bytes: body.received,
         payloads: vec![payload],
     })
     .await
 }
 
-/// `units`, `sampleRate` and `aggregationType` of folded text.
-fn folded_params(p: &HashMap<String, String>) -> Result<FoldedParams, ApiError> {
-    let sample_rate = p
-        .get("sampleRate")
+/// `sampleRate` (folded, JFR and speedscope).
+fn sample_rate(p: &HashMap<String, String>) -> Result<Option<u32>, ApiError> {
+    p.get("sampleRate")
         .map(|s| {
             s.parse::<u32>().ok().filter(|v| *v > 0).ok_or_else(|| {
                 ApiError::bad_request(format!("sampleRate {s:?} is not a positive integer"))
             })
         })
-        .transpose()?;
+        .transpose()
+}
+
+/// `units`, `sampleRate` and `aggregationType` of folded text.
+fn folded_params(p: &HashMap<String, String>) -> Result<FoldedParams, ApiError> {
+    let sample_rate = sample_rate(p)?;
     let aggregation = match p.get("aggregationType").map(String::as_str) {
         None | Some("sum") | Some("") => fathom_pprof::Aggregation::Sum,
         Some("average") | Some("avg") => fathom_pprof::Aggregation::Average,

@@ -2,7 +2,7 @@
 //! write, whatever the protocol.
 //!
 //! ```text
-//!  adapter (POST /ingest, gRPC fathom.push.v1, push.v1 Connect/gRPC, …)
+//!  adapter (POST /ingest, gRPC fathom.push.v1, push.v1 Connect/gRPC, OTLP HTTP/gRPC)
 //!     │  tenant, received bytes, payloads [{format, body, labels, hints, idempotence}]
 //!     ▼
 //!  Distributor::ingest ── count limit ──► blocking pool: per payload
@@ -27,6 +27,10 @@
 //! `ctx.limits`. Errors are [`ApiError`]s (400 for bad input, 413 for a
 //! limit); the service prefixes them with the payload's
 //! [`Payload::context`].
+//!
+//! A format whose payload carries its own series labels per profile (JFR
+//! label sets, OTLP resource attributes) keeps them: every profile gets
+//! its own labels merged with `ctx.labels` (which win).
 
 use bytes::Bytes;
 use fathom_api::{ApiError, now_nanos};
@@ -43,6 +47,17 @@ pub enum Format {
     /// Folded stacks (`a;b;c 42` lines), with Pyroscope's `/ingest`
     /// parameters.
     Folded(FoldedParams),
+    /// A Java Flight Recorder recording (`fathom-jfr`), as the Pyroscope
+    /// Java agent sends it.
+    Jfr(JfrParams),
+    /// speedscope JSON (sampled and evented profiles).
+    Speedscope {
+        /// Samples per second for unit `none` (default 100).
+        sample_rate: Option<u32>,
+    },
+    /// An OTLP `ExportProfilesServiceRequest` (`fathom-otlp`), protobuf or
+    /// JSON. Its resource attributes are per-profile series labels.
+    Otlp(fathom_otlp::Encoding),
 }
 
 impl Format {
@@ -51,9 +66,27 @@ impl Format {
         match self {
             Format::Pprof => "pprof",
             Format::Folded(_) => "folded",
+            Format::Jfr(_) => "jfr",
+            Format::Speedscope { .. } => "speedscope",
+            Format::Otlp(_) => "otlp",
         }
     }
 }
+
+/// The parameters of a JFR payload.
+#[derive(Clone, Debug, Default)]
+pub struct JfrParams {
+    /// Samples per second of CPU and wall sampling (default 100).
+    pub sample_rate: Option<u32>,
+    /// The `labels` part: a `LabelsSnapshot` protobuf, raw or gzip'd,
+    /// whose label sets become per-profile series labels.
+    pub labels: Option<Bytes>,
+}
+
+/// The most bytes a decompressed JFR `labels` part may have (real ones
+/// have a few KiB; decoded protobuf maps take up to ~15× their encoded
+/// size).
+pub const MAX_JFR_LABELS_BYTES: usize = 4 << 20;
 
 /// The parameters of folded text (see `docs/ingest-formats.md`).
 #[derive(Clone, Debug, Default)]
@@ -154,6 +187,10 @@ pub struct DecodeContext {
     /// Seeds the profile ids (`NormalizeOptions::profile_id_seed`).
     pub seed: Id,
     pub limits: fathom_pprof::Limits,
+    /// Most profiles and series labels one payload may produce (formats
+    /// that carry many profiles, such as OTLP).
+    pub max_profiles: usize,
+    pub max_labels: usize,
 }
 
 impl Distributor {
@@ -276,10 +313,44 @@ fn decode_payload(
         };
         *budget -= body.len();
         metrics.decoded_bytes.inc_by(body.len() as u64);
+        // A JFR labels part is inflated under the same budget (and its own
+        // bound), and is part of what makes the payload this payload.
+        let mut extra = None;
+        let format = match p.format {
+            Format::Jfr(mut j) => {
+                if let Some(l) = j.labels.take().filter(|l| !l.is_empty()) {
+                    let limit = MAX_JFR_LABELS_BYTES.min(*budget);
+                    let out = if l.starts_with(&[0x1f, 0x8b]) {
+                        gunzip_bounded(&l, limit).map_err(|e| match e {
+                            ApiError::TooLarge(_) => ApiError::TooLarge(format!(
+                                "the 'labels' part is larger than the limit of {limit} bytes"
+                            )),
+                            ApiError::BadRequest(m) => {
+                                ApiError::BadRequest(format!("the 'labels' part: {m}"))
+                            }
+                            e => e,
+                        })?
+                    } else if l.len() > limit {
+                        return Err(ApiError::TooLarge(format!(
+                            "the 'labels' part is larger than the limit of {limit} bytes"
+                        )));
+                    } else {
+                        l.to_vec()
+                    };
+                    *budget -= out.len();
+                    metrics.decoded_bytes.inc_by(out.len() as u64);
+                    extra = Some(format!("{:x}", xxhash_rust::xxh3::xxh3_128(&out)));
+                    j.labels = Some(Bytes::from(out));
+                }
+                Format::Jfr(j)
+            }
+            f => f,
+        };
         let seed = match &p.idempotence {
             Idempotence::Key(id) => *id,
             Idempotence::Content(parts) => {
-                let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+                let mut parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+                parts.extend(extra.as_deref());
                 crate::request_seed(tenant, &parts, &p.labels, &body)
             }
         };
@@ -294,8 +365,10 @@ fn decode_payload(
                 max_samples: limits.max_samples,
                 ..Default::default()
             },
+            max_profiles: limits.max_profiles_per_push,
+            max_labels: limits.max_labels,
         };
-        decode(&p.format, &body, ctx)
+        decode(&format, &body, ctx)
     })();
     r.map_err(|e| with_context(&ctx_name, e))
 }
@@ -340,6 +413,69 @@ fn decode(format: &Format, body: &[u8], ctx: DecodeContext) -> Result<Normalized
             &ctx.limits,
         )
         .map_err(|e| ApiError::bad_request(format!("invalid folded profile: {e}"))),
+        Format::Jfr(j) => {
+            let opts = fathom_jfr::JfrOptions {
+                labels: ctx.labels,
+                sample_rate: j.sample_rate.unwrap_or(fathom_pprof::DEFAULT_SAMPLE_RATE),
+                time_nanos_override: ctx.time_nanos,
+                duration_nanos_override: ctx.duration_nanos,
+                profile_id_seed: ctx.seed,
+                ..Default::default()
+            };
+            // The label sets of the labels part become series labels of
+            // the profiles they split into (the payload's labels win).
+            fathom_jfr::decode(body, j.labels.as_deref(), &opts, &ctx.limits).map_err(|e| match e {
+                fathom_jfr::JfrError::TooMany { .. } => {
+                    ApiError::TooLarge(format!("invalid JFR: {e}"))
+                }
+                fathom_jfr::JfrError::Labels(_) => {
+                    ApiError::bad_request(format!("invalid labels part: {e}"))
+                }
+                e => ApiError::bad_request(format!("invalid JFR: {e}")),
+            })
+        }
+        Format::Speedscope { sample_rate } => fathom_pprof::parse_speedscope(
+            body,
+            &fathom_pprof::SpeedscopeOptions {
+                labels: ctx.labels,
+                sample_rate: *sample_rate,
+                time_nanos: ctx.time_nanos.unwrap_or(0),
+                duration_nanos: ctx.duration_nanos.unwrap_or(0),
+                profile_id_seed: ctx.seed,
+            },
+            &ctx.limits,
+        )
+        .map_err(|e| match e {
+            fathom_pprof::SpeedscopeError::LimitExceeded { .. } => {
+                ApiError::TooLarge(format!("invalid speedscope profile: {e}"))
+            }
+            e => ApiError::bad_request(format!("invalid speedscope profile: {e}")),
+        }),
+        Format::Otlp(encoding) => {
+            let limits = fathom_otlp::Limits {
+                max_samples: ctx.limits.max_samples,
+                max_profiles: ctx.max_profiles,
+                max_labels: ctx.max_labels,
+                ..Default::default()
+            };
+            let otlp_error = |e: fathom_otlp::Error| match e {
+                fathom_otlp::Error::TooLarge(m) => ApiError::TooLarge(m),
+                e => ApiError::bad_request(e),
+            };
+            let req = fathom_otlp::Request::decode(body, *encoding, &limits).map_err(otlp_error)?;
+            tracing::debug!(layout = req.layout.describe(), "otlp request decoded");
+            let mut n = req.convert(ctx.seed, &limits).map_err(otlp_error)?;
+            // Each profile keeps its resource's labels; the payload's
+            // labels are added to all of them (and win).
+            if !ctx.labels.is_empty() {
+                for p in &mut n.profiles {
+                    for (k, v) in ctx.labels.iter() {
+                        p.labels.insert(k, v);
+                    }
+                }
+            }
+            Ok(n)
+        }
     }
 }
 

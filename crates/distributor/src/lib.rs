@@ -3,9 +3,11 @@
 //! ```text
 //! POST /ingest (Pyroscope convention)        ──┐ adapters: protocol → tenant,
 //! gRPC fathom.push.v1.PushService/Push       ──┤ labels, payloads (format + bytes)
-//! push.v1.PusherService/Push (Connect, gRPC) ──┘
+//! push.v1.PusherService/Push (Connect, gRPC) ──┤
+//! OTLP profiles (HTTP and gRPC)              ──┘
 //!     ─► Distributor::ingest (the ingest service, [`ingest`]): bounded gunzip,
-//!        decode + normalize on the blocking pool, idempotence seeds, metrics
+//!        decode + normalize on the blocking pool (pprof, folded, JFR,
+//!        speedscope, OTLP), idempotence seeds, metrics
 //!     ─► accept: limits ─► IngestBatch ─► IngesterWriter ─► ack
 //! ```
 //!
@@ -24,7 +26,6 @@
 
 mod http;
 pub mod ingest;
-mod jfr;
 mod otlp;
 mod push;
 mod push_v1;
@@ -40,7 +41,8 @@ use prometheus_client::registry::Registry;
 
 pub use http::router;
 pub use ingest::{
-    Accepted, DecodeContext, Encoding, FoldedParams, Format, Idempotence, IngestRequest, Payload,
+    Accepted, DecodeContext, Encoding, FoldedParams, Format, Idempotence, IngestRequest, JfrParams,
+    Payload,
 };
 pub use otlp::OtlpProfilesServer;
 pub use push::PushServer;

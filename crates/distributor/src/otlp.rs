@@ -1,9 +1,10 @@
 //! OpenTelemetry profiles: `POST /v1development/profiles` (OTLP/HTTP,
 //! protobuf or JSON, gzip'd or not) and gRPC
 //! `opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export`.
-//! Both are thin adapters over [`ingest_otlp`] (bytes → decode, convert
-//! and normalize on the blocking pool → accept); the decoding and the
-//! mapping to Fathom's model live in `fathom-otlp`.
+//! Both are thin adapters over the ingest service: one payload of
+//! [`Format::Otlp`] (decoding, conversion and the mapping to Fathom's
+//! model live in `fathom-otlp`; each resource's attributes become the
+//! series labels of its profiles).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -13,15 +14,13 @@ use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use fathom_api::{ApiError, now_nanos, tenant_from_headers, tenant_from_metadata};
-use fathom_model::{IngestBatch, Labels, TenantId};
-use fathom_otlp::Encoding;
+use fathom_api::{ApiError, tenant_from_headers, tenant_from_metadata};
+use fathom_model::TenantId;
 use prost::Message;
 use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http;
 
-use crate::http::gunzip_bounded;
-use crate::{Distributor, request_seed};
+use crate::{Distributor, Encoding, Format, Idempotence, IngestRequest, Payload};
 
 /// The OTLP/HTTP path for profiles.
 pub(crate) const HTTP_PATH: &str = "/v1development/profiles";
@@ -29,50 +28,33 @@ const SERVICE: &str = "opentelemetry.proto.collector.profiles.v1development.Prof
 const EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
 
-fn otlp_error(e: fathom_otlp::Error) -> ApiError {
-    match e {
-        fathom_otlp::Error::TooLarge(m) => ApiError::TooLarge(m),
-        e => ApiError::bad_request(e),
-    }
-}
-
-/// Decodes, converts and writes one OTLP export request (`body` already
-/// decompressed). All or nothing: any bad profile refuses the request.
-pub(crate) async fn ingest_otlp(
-    d: &Distributor,
+/// One export request as an [`IngestRequest`]: one payload, ids derived
+/// from its bytes (a retried request is stored once). An empty protobuf
+/// body is a valid, empty request and stores nothing.
+fn ingest_request(
     tenant: TenantId,
     body: Bytes,
-    encoding: Encoding,
-) -> Result<(usize, usize), ApiError> {
-    if body.len() > d.limits.max_decompressed_bytes {
-        return Err(ApiError::TooLarge(format!(
-            "the request is larger than the limit of {} bytes",
-            d.limits.max_decompressed_bytes
-        )));
-    }
-    let limits = fathom_otlp::Limits {
-        max_samples: d.limits.max_samples,
-        max_profiles: d.limits.max_profiles_per_push,
-        max_labels: d.limits.max_labels,
-        ..Default::default()
+    received_bytes: usize,
+    encoding: fathom_otlp::Encoding,
+    gzip: bool,
+) -> IngestRequest {
+    let payloads = if body.is_empty() && encoding == fathom_otlp::Encoding::Protobuf {
+        Vec::new()
+    } else {
+        let mut p = Payload::new(Format::Otlp(encoding), body);
+        p.encoding = if gzip {
+            Encoding::Gzip
+        } else {
+            Encoding::Identity
+        };
+        p.idempotence = Idempotence::Content(vec!["otlp".to_owned()]);
+        vec![p]
     };
-    let seed = request_seed(&tenant, &["otlp"], &Labels::new(), &body);
-    let normalized = tokio::task::spawn_blocking(move || {
-        let req = fathom_otlp::Request::decode(&body, encoding, &limits).map_err(otlp_error)?;
-        tracing::debug!(layout = req.layout.describe(), "otlp request decoded");
-        req.convert(seed, &limits).map_err(otlp_error)
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
-    d.accept(
-        IngestBatch {
-            tenant,
-            profiles: normalized.profiles,
-            symbols: normalized.symbols,
-        },
-        now_nanos(),
-    )
-    .await
+    IngestRequest {
+        tenant,
+        received_bytes,
+        payloads,
+    }
 }
 
 /// `POST /v1development/profiles`.
@@ -82,7 +64,7 @@ pub(crate) async fn export_http(
     req: Request,
 ) -> Response {
     let r = export_http_inner(&d, &headers, req).await;
-    d.count("otlp-http", if r.is_ok() { "ok" } else { "error" });
+    d.count_request("otlp-http", r.is_ok());
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
@@ -103,8 +85,8 @@ async fn export_http_inner(
         .trim()
         .to_ascii_lowercase();
     let encoding = match mime.as_str() {
-        "application/x-protobuf" | "application/protobuf" => Encoding::Protobuf,
-        "application/json" => Encoding::Json,
+        "application/x-protobuf" | "application/protobuf" => fathom_otlp::Encoding::Protobuf,
+        "application/json" => fathom_otlp::Encoding::Json,
         _ => {
             let msg = format!(
                 "Content-Type {ct:?} is not an OTLP encoding: send application/x-protobuf \
@@ -126,13 +108,12 @@ async fn export_http_inner(
             ))
             .into_response()
         })?;
-    d.metrics.bytes.inc_by(raw.len() as u64);
     let gzip = match headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim().to_ascii_lowercase())
     {
-        None => raw.starts_with(&[0x1f, 0x8b]),
+        None => false,
         Some(v) if v == "gzip" => true,
         Some(v) if v.is_empty() || v == "identity" => false,
         Some(v) => {
@@ -142,25 +123,20 @@ async fn export_http_inner(
             .into_response());
         }
     };
-    let body = if gzip {
-        Bytes::from(
-            gunzip_bounded(&raw, d.limits.max_decompressed_bytes)
-                .map_err(IntoResponse::into_response)?,
-        )
-    } else {
-        raw
-    };
-    ingest_otlp(d, tenant, body, encoding)
+    let received = raw.len();
+    d.ingest(ingest_request(tenant, raw, received, encoding, gzip))
         .await
         .map_err(IntoResponse::into_response)?;
     // An empty ExportProfilesServiceResponse: everything was accepted.
     Ok(match encoding {
-        Encoding::Protobuf => (
+        fathom_otlp::Encoding::Protobuf => (
             [(header::CONTENT_TYPE, "application/x-protobuf")],
             fathom_otlp::wire::ExportProfilesServiceResponse::default().encode_to_vec(),
         )
             .into_response(),
-        Encoding::Json => ([(header::CONTENT_TYPE, "application/json")], "{}").into_response(),
+        fathom_otlp::Encoding::Json => {
+            ([(header::CONTENT_TYPE, "application/json")], "{}").into_response()
+        }
     })
 }
 
@@ -223,11 +199,18 @@ impl tonic::server::UnaryService<Bytes> for Export {
             let r = async {
                 let tenant = tenant_from_metadata(req.metadata())?;
                 let body = req.into_inner();
-                d.metrics.bytes.inc_by(body.len() as u64);
-                ingest_otlp(&d, tenant, body, Encoding::Protobuf).await
+                let received = body.len();
+                d.ingest(ingest_request(
+                    tenant,
+                    body,
+                    received,
+                    fathom_otlp::Encoding::Protobuf,
+                    false,
+                ))
+                .await
             }
             .await;
-            d.count("otlp-grpc", if r.is_ok() { "ok" } else { "error" });
+            d.count_request("otlp-grpc", r.is_ok());
             r?;
             Ok(tonic::Response::new(
                 fathom_otlp::wire::ExportProfilesServiceResponse::default(),
