@@ -673,6 +673,111 @@ mod tests {
         assert!(e.to_string().contains("empty"), "{e}");
     }
 
+    /// An OTLP/JSON request with one CPU sample per resource.
+    fn otlp_json(services: &[&str]) -> String {
+        let resources: Vec<String> = services
+            .iter()
+            .map(|svc| {
+                format!(
+                    r#"{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"{svc}"}}}}]}},
+                    "scopeProfiles":[{{"profiles":[{{"sampleType":{{"typeStrindex":1,"unitStrindex":2}},
+                    "samples":[{{"stackIndex":1,"values":["5"]}}]}}]}}]}}"#
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"resourceProfiles":[{}],"dictionary":{{"stringTable":["","cpu","nanoseconds","f"],
+            "functionTable":[{{}},{{"nameStrindex":3}}],"locationTable":[{{}},{{"lines":[{{"functionIndex":1}}]}}],
+            "stackTable":[{{}},{{"locationIndices":[1]}}]}}}}"#,
+            resources.join(",")
+        )
+    }
+
+    #[tokio::test]
+    async fn otlp_resources_keep_their_labels_merged_with_the_payloads() {
+        let (d, rec) = distributor(Limits::default());
+        let mut p = Payload::new(
+            Format::Otlp(fathom_otlp::Encoding::Json),
+            Bytes::from(otlp_json(&["a", "b"])),
+        );
+        p.labels = Labels::from_pairs([("env", "prod")]).unwrap();
+        let a = d.ingest(request(vec![p])).await.unwrap();
+        assert_eq!(a.profiles, 2);
+        let batches = rec.0.lock();
+        let mut got: Vec<(String, String)> = batches[0]
+            .profiles
+            .iter()
+            .map(|p| {
+                (
+                    p.labels.get("service_name").unwrap().to_owned(),
+                    p.labels.get("env").unwrap_or("").to_owned(),
+                )
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [("a".into(), "prod".into()), ("b".into(), "prod".into())]
+        );
+    }
+
+    #[tokio::test]
+    async fn otlp_jfr_and_speedscope_errors_have_the_services_shape() {
+        let (d, rec) = distributor(Limits {
+            max_decompressed_bytes: 1 << 16,
+            ..Limits::default()
+        });
+        let one = |format: Format, body: &[u8]| {
+            let mut p = Payload::new(format, Bytes::copy_from_slice(body));
+            p.context = "payload 0".into();
+            request(vec![p])
+        };
+        let e = d
+            .ingest(one(
+                Format::Otlp(fathom_otlp::Encoding::Json),
+                b"{\"resourceProfiles\": [",
+            ))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ApiError::BadRequest(_)), "{e}");
+        assert!(
+            e.to_string().starts_with("payload 0: not a valid OTLP"),
+            "{e}"
+        );
+        let e = d
+            .ingest(one(Format::Jfr(JfrParams::default()), b"not a recording"))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("not a JFR recording"), "{e}");
+        // A gzip bomb as the JFR labels part stops at the budget.
+        let mut bomb = Payload::new(
+            Format::Jfr(JfrParams {
+                sample_rate: None,
+                labels: Some(Bytes::from(gz(&vec![0u8; 1 << 20]))),
+            }),
+            Bytes::from_static(b"FLR\0"),
+        );
+        bomb.context = "payload 0".into();
+        let e = d.ingest(request(vec![bomb])).await.unwrap_err();
+        assert!(matches!(e, ApiError::TooLarge(_)), "{e}");
+        assert!(e.to_string().contains("'labels' part"), "{e}");
+        let e = d
+            .ingest(one(Format::Speedscope { sample_rate: None }, b"{}"))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("invalid speedscope profile"), "{e}");
+        assert!(rec.0.lock().is_empty());
+        // A good speedscope file goes through.
+        let ok = br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[{"name":"a"}]},"profiles":[{"type":"sampled","name":"p","unit":"none","samples":[[0]],"weights":[2]}]}"#;
+        let mut p = Payload::new(
+            Format::Speedscope { sample_rate: None },
+            Bytes::from_static(ok),
+        );
+        p.labels = Labels::from_pairs([("service_name", "s")]).unwrap();
+        let a = d.ingest(request(vec![p])).await.unwrap();
+        assert_eq!(a.profiles, 1);
+    }
+
     #[test]
     fn gzip_bomb_is_refused() {
         let gz = gz(&vec![0u8; 1 << 20]);

@@ -64,7 +64,7 @@ pub(crate) async fn export_http(
     req: Request,
 ) -> Response {
     let r = export_http_inner(&d, &headers, req).await;
-    d.count_request("otlp-http", r.is_ok());
+    d.count_request("otlp_http", r.is_ok());
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
@@ -210,7 +210,7 @@ impl tonic::server::UnaryService<Bytes> for Export {
                 .await
             }
             .await;
-            d.count_request("otlp-grpc", r.is_ok());
+            d.count_request("otlp_grpc", r.is_ok());
             r?;
             Ok(tonic::Response::new(
                 fathom_otlp::wire::ExportProfilesServiceResponse::default(),
