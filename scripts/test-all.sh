@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver)
+apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver openjdk-17-jdk-headless)
 # Python with pip, unless one is already on PATH (e.g. pyenv).
 python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
 # ...and venv support (Debian splits ensurepip out).
@@ -26,6 +26,31 @@ if ! python3 -c 'import pyroscope, pyarrow, adbc_driver_flightsql, selenium' 2>/
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
 fi
+# A venv under the target directory (the system Python keeps its own pins);
+# Debian's Python needs python3-venv for ensurepip.
+make_venv() {
+  python3 -m venv "$1" 2>/dev/null || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv --clear "$1"
+  }
+}
+# pyroscope-io 1.4.x (it pushes over push.v1) for its e2e test, in a venv
+# under the target directory: the system Python keeps 0.8.16 for the
+# legacy-SDK test. The test creates the same venv if it is missing.
+venv="${CARGO_TARGET_DIR:-target}/pyroscope-io-1.4"
+if ! "$venv/bin/python" -c 'import pyroscope' 2>/dev/null; then
+  make_venv "$venv"
+  "$venv/bin/pip" install -q 'pyroscope-io>=1.4,<1.5'
+fi
+# The OpenTelemetry profiling SDK (OTLP e2e test) in its own venv: it pins
+# opentelemetry-exporter-otlp/protobuf versions of its own.
+otlp_venv="${CARGO_TARGET_DIR:-target}/otlp-venv"
+if ! "$otlp_venv/bin/python" -c 'import opentelemetry.sdk.extension.profiling' 2>/dev/null; then
+  echo "installing opentelemetry-sdk-extension-profiling into $otlp_venv"
+  make_venv "$otlp_venv"
+  "$otlp_venv/bin/pip" install -q 'opentelemetry-sdk-extension-profiling==0.63b4'
+fi
 # Grafana's Connect client (connectrpc) and its code generators, in a venv of
 # their own under the target directory: their protobuf runtime must not meet
 # the pinned SDKs' (the Grafana e2e test looks for it there).
@@ -34,7 +59,7 @@ connect_pkgs=('connectrpc==0.13.0' 'protoc-gen-connectrpc==0.13.0' 'protobuf-py=
 if ! "$connect_venv/bin/python" -c 'import connectrpc, protobuf' 2>/dev/null ||
   [ ! -x "$connect_venv/bin/protoc-gen-py" ] || [ ! -x "$connect_venv/bin/protoc-gen-connectrpc" ]; then
   echo "installing ${connect_pkgs[*]} into $connect_venv"
-  python3 -m venv "$connect_venv"
+  make_venv "$connect_venv"
   "$connect_venv/bin/python" -m pip install -q "${connect_pkgs[@]}"
 fi
 # Garage, the S3 server of the object-storage tests (about 20 minutes to

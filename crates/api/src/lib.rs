@@ -4,9 +4,11 @@
 //! - [`ApiError`]: one error type for request handling, with one mapping to
 //!   an HTTP status (and a JSON body `{"error": "…"}`) and one to a gRPC code;
 //! - [`tenant_from_headers`]: the tenant from `X-Scope-OrgID`, validated;
-//! - [`parse_time`]: unix milliseconds, RFC 3339 or `now[-duration]`.
+//! - [`parse_time`]: unix milliseconds, RFC 3339 or `now[-duration]`;
+//! - [`connect`]: the Connect protocol's codecs, compression and error shape.
 
 pub mod cluster;
+pub mod connect;
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};

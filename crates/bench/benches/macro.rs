@@ -1,7 +1,8 @@
 //! Macro benchmarks that print the design brief's figures, measured on the
 //! real `fathom all` wiring (in-process server, HTTP clients on loopback):
 //!
-//! 1. single-process ingest: MB/s of uncompressed pprof, acknowledged;
+//! 1. single-process ingest: MB/s of uncompressed pprof, acknowledged,
+//!    through `/ingest` and then through Pyroscope's push.v1 (Connect);
 //! 2. merge latency over one day of one service at 10 s (8,640 profiles
 //!    built from the real corpus), from the head, then from blocks alone
 //!    (cold and warm cache);
@@ -116,10 +117,76 @@ fn ingest_secs() -> u64 {
         .unwrap_or(20)
 }
 
+/// How the ingest benchmark's clients send each profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    /// `POST /ingest?format=pprof`, the body the pprof.
+    Ingest,
+    /// Pyroscope's push.v1 over Connect (`application/proto`): one series,
+    /// one sample with the pprof as `raw_profile` and a fresh `ID`.
+    PushV1,
+}
+
+/// The body and headers of one request of `protocol` carrying `pprof`.
+fn request(
+    http: &reqwest::Client,
+    url: &str,
+    protocol: Protocol,
+    pprof: &[u8],
+    i: usize,
+) -> reqwest::RequestBuilder {
+    use fathom_proto::pyroscope::push::v1::{PushRequest, RawProfileSeries, RawSample};
+    use fathom_proto::pyroscope::types::v1::LabelPair;
+    use prost::Message;
+    match protocol {
+        Protocol::Ingest => {
+            let from = (1_700_000_000 + i as i64).to_string();
+            http.post(format!("{url}/ingest"))
+                .query(&[
+                    ("name", "ingest-bench"),
+                    ("format", "pprof"),
+                    ("from", from.as_str()),
+                ])
+                .body(pprof.to_vec())
+        }
+        Protocol::PushV1 => {
+            let label = |name: &str, value: &str| LabelPair {
+                name: name.into(),
+                value: value.into(),
+            };
+            let req = PushRequest {
+                series: vec![RawProfileSeries {
+                    labels: vec![
+                        label("__name__", "process_cpu"),
+                        label("service_name", "push-v1-bench"),
+                    ],
+                    samples: vec![RawSample {
+                        raw_profile: pprof.to_vec(),
+                        id: format!("bench-{i}"),
+                    }],
+                    annotations: vec![],
+                }],
+            };
+            http.post(format!("{url}/push.v1.PusherService/Push"))
+                .header("Content-Type", "application/proto")
+                .body(req.encode_to_vec())
+        }
+    }
+}
+
 /// Ingest throughput: 4 concurrent clients push `files` round robin to
-/// `urls` for `secs`. Returns (MB/s of acknowledged uncompressed pprof,
-/// requests, seconds).
+/// `urls` for `secs` with `protocol`. Returns (MB/s of acknowledged
+/// uncompressed pprof, requests, seconds).
 async fn push_for(urls: Vec<String>, files: Vec<Arc<Vec<u8>>>, secs: u64) -> (f64, u64, f64) {
+    push_with(Protocol::Ingest, urls, files, secs).await
+}
+
+async fn push_with(
+    protocol: Protocol,
+    urls: Vec<String>,
+    files: Vec<Arc<Vec<u8>>>,
+    secs: u64,
+) -> (f64, u64, f64) {
     let bytes = Arc::new(AtomicU64::new(0));
     let reqs = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -135,15 +202,7 @@ async fn push_for(urls: Vec<String>, files: Vec<Arc<Vec<u8>>>, secs: u64) -> (f6
             let mut i = w;
             while Instant::now() < deadline {
                 let body = files[i % files.len()].clone();
-                let from = (1_700_000_000 + i as i64).to_string();
-                let r = http
-                    .post(format!("{url}/ingest"))
-                    .query(&[
-                        ("name", "ingest-bench"),
-                        ("format", "pprof"),
-                        ("from", from.as_str()),
-                    ])
-                    .body(body.as_ref().clone())
+                let r = request(&http, &url, protocol, &body, i)
                     .send()
                     .await
                     .expect("request");
@@ -176,6 +235,21 @@ async fn ingest_bench(dir: &Path) {
     println!(
         "figure ingest_single_process: {mbs:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {reqs} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
         mbs / cores as f64,
+    );
+    // The same files through Pyroscope's push.v1 (Connect, protobuf), on
+    // the same server, right after.
+    let (pmbs, preqs, pel) = push_with(
+        Protocol::PushV1,
+        vec![srv.url()],
+        ingest_files(),
+        ingest_secs(),
+    )
+    .await;
+    println!(
+        "figure ingest_push_v1_single_process: {pmbs:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {preqs} requests in {pel:.1} s) next to /ingest pprof above: {:.1} MB/s per core; ratio {:.2}",
+        pmbs / cores as f64,
+        mbs / cores as f64,
+        pmbs / mbs.max(f64::MIN_POSITIVE),
     );
     srv.stop().await;
 }

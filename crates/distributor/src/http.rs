@@ -1,32 +1,46 @@
 //! `POST /ingest`: the ingest convention that Pyroscope clients use.
 //!
 //! `name=<service>[.<kind>]{k=v,…}`, `from`/`until` (unix seconds),
-//! `format=pprof|folded` (default folded, as in Pyroscope), and for folded
-//! `units`, `sampleRate`, `aggregationType`. The body is raw or gzip'd
+//! `format=pprof|folded|jfr|speedscope` (default folded, as in Pyroscope),
+//! and for folded `units`, `sampleRate`, `aggregationType` (`sampleRate`
+//! for jfr and speedscope too). The body is raw or gzip'd
 //! (`Content-Encoding: gzip` or the gzip magic), or `multipart/form-data`
-//! with the profile in a `profile` part (the Go SDK's form).
+//! with the profile in a `profile` part (the Go SDK's form); JFR's form has
+//! a `jfr` part (the recording) and an optional `labels` part (a
+//! `LabelsSnapshot`, Pyroscope's Java agent's form).
+//!
+//! Also mounts the other HTTP write routes: push.v1 (Connect and gRPC) and
+//! OTLP/HTTP (`POST /v1development/profiles`).
 
 use std::collections::HashMap;
-use std::io::Read;
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, header};
 use axum::routing::post;
-use fathom_api::{ApiError, now_nanos, tenant_from_headers};
+use fathom_api::{ApiError, tenant_from_headers};
 use fathom_model::{Labels, SERVICE_NAME, TenantId, valid_label_name};
 use serde_json::json;
 
-use crate::{Distributor, request_seed};
+use crate::{
+    Accepted, Distributor, Encoding, FoldedParams, Format, Idempotence, IngestRequest, JfrParams,
+    Payload,
+};
 
-/// The write routes, to be merged into the server's router.
+/// The write routes, to be merged into the server's router: `/ingest` and
+/// Pyroscope's `push.v1.PusherService/Push` (Connect and gRPC on one path).
 pub fn router(d: Distributor) -> axum::Router {
     let limit = d.limits.max_body_bytes;
+    let push_v1 = axum::Router::new()
+        .route(crate::PUSH_V1_PATH, post(crate::push_v1::handle))
+        .with_state(crate::push_v1::PushV1::new(d.clone()));
     axum::Router::new()
         .route("/ingest", post(ingest))
+        .route(crate::otlp::HTTP_PATH, post(crate::otlp::export_http))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(d)
+        .merge(push_v1)
 }
 
 /// Kinds that Pyroscope clients append to the application name.
@@ -131,20 +145,6 @@ fn split_top(s: &str) -> Vec<&str> {
     out
 }
 
-/// Inflates gzip with a hard bound on the output.
-pub(crate) fn gunzip_bounded(b: &[u8], limit: usize) -> Result<Vec<u8>, ApiError> {
-    let mut out = Vec::new();
-    let mut d = flate2::read::MultiGzDecoder::new(b).take(limit as u64 + 1);
-    d.read_to_end(&mut out)
-        .map_err(|e| ApiError::bad_request(format!("body is not valid gzip: {e}")))?;
-    if out.len() > limit {
-        return Err(ApiError::TooLarge(format!(
-            "decompressed body is larger than the limit of {limit} bytes"
-        )));
-    }
-    Ok(out)
-}
-
 /// A Pyroscope time: unix seconds (milliseconds or nanoseconds when the
 /// number is too large to be seconds), as nanoseconds.
 fn pyroscope_time(name: &str, s: &str) -> Result<i64, ApiError> {
@@ -170,12 +170,29 @@ async fn ingest(
     req: Request,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let r = ingest_inner(&d, &p, &headers, req).await;
-    d.count("http", if r.is_ok() { "ok" } else { "error" });
-    let (profiles, samples) = r?;
-    Ok(Json(json!({ "profiles": profiles, "samples": samples })))
+    d.count_request("http", r.is_ok());
+    let a = r?;
+    Ok(Json(
+        json!({ "profiles": a.profiles, "samples": a.samples }),
+    ))
 }
 
-async fn body_bytes(d: &Distributor, headers: &HeaderMap, req: Request) -> Result<Bytes, ApiError> {
+/// The parts of a request body: the profile, and for JFR its labels part.
+struct Body {
+    profile: Bytes,
+    labels: Option<Bytes>,
+    /// Bytes received (all parts read).
+    received: usize,
+}
+
+/// Reads the body: raw, or `multipart/form-data` with the profile in the
+/// part named `part` (`profile`, or `jfr` with an optional `labels` part).
+async fn read_body(
+    d: &Distributor,
+    headers: &HeaderMap,
+    req: Request,
+    part: &str,
+) -> Result<Body, ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -184,49 +201,83 @@ async fn body_bytes(d: &Distributor, headers: &HeaderMap, req: Request) -> Resul
         let mut mp = Multipart::from_request(req, &())
             .await
             .map_err(|e| ApiError::bad_request(format!("multipart body: {e}")))?;
+        let (mut profile, mut labels, mut received) = (None, None, 0usize);
         while let Some(field) = mp
             .next_field()
             .await
             .map_err(|e| ApiError::bad_request(format!("multipart body: {e}")))?
         {
-            if field.name() == Some("profile") {
-                return field
-                    .bytes()
-                    .await
-                    .map_err(|e| ApiError::bad_request(format!("multipart part 'profile': {e}")));
+            let name = field.name().unwrap_or("").to_owned();
+            let is_labels = part == "jfr" && name == "labels";
+            if name != part && !is_labels {
+                continue;
+            }
+            let bytes = field
+                .bytes()
+                .await
+                .map_err(|e| ApiError::bad_request(format!("multipart part '{name}': {e}")))?;
+            received += bytes.len();
+            if is_labels {
+                labels = Some(bytes);
+            } else {
+                profile = Some(bytes);
             }
         }
-        return Err(ApiError::bad_request(
-            "multipart body has no 'profile' part",
-        ));
+        let profile = profile
+            .ok_or_else(|| ApiError::bad_request(format!("multipart body has no '{part}' part")))?;
+        if profile.is_empty() {
+            return Err(ApiError::bad_request(format!("the '{part}' part is empty")));
+        }
+        return Ok(Body {
+            profile,
+            labels,
+            received,
+        });
     }
-    axum::body::to_bytes(req.into_body(), d.limits.max_body_bytes)
+    let profile = axum::body::to_bytes(req.into_body(), d.limits.max_body_bytes)
         .await
         .map_err(|_| {
             ApiError::TooLarge(format!(
                 "request body is larger than the limit of {} bytes",
                 d.limits.max_body_bytes
             ))
-        })
+        })?;
+    Ok(Body {
+        received: profile.len(),
+        profile,
+        labels: None,
+    })
 }
 
+/// The query parameters and body of `/ingest` as an [`IngestRequest`].
 async fn ingest_inner(
     d: &Distributor,
     p: &HashMap<String, String>,
     headers: &HeaderMap,
     req: Request,
-) -> Result<(usize, usize), ApiError> {
+) -> Result<Accepted, ApiError> {
     let tenant: TenantId = tenant_from_headers(headers)?;
     let name = p.get("name").ok_or_else(|| {
         ApiError::bad_request("the name parameter is required, e.g. name=myapp.cpu{env=prod}")
     })?;
     let app = parse_app_name(name)?;
-    let format = p.get("format").map(String::as_str).unwrap_or("folded");
-    if !matches!(format, "pprof" | "folded") {
-        return Err(ApiError::bad_request(format!(
-            "format {format:?} is not supported; use pprof or folded"
-        )));
-    }
+    let format_name = p.get("format").map(String::as_str).unwrap_or("folded");
+    let format = match format_name {
+        "pprof" => Format::Pprof,
+        "folded" => Format::Folded(folded_params(p)?),
+        "jfr" => Format::Jfr(JfrParams {
+            sample_rate: sample_rate(p)?,
+            labels: None,
+        }),
+        "speedscope" => Format::Speedscope {
+            sample_rate: sample_rate(p)?,
+        },
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "format {other:?} is not supported; use pprof, folded, jfr or speedscope"
+            )));
+        }
+    };
     let from = p
         .get("from")
         .map(|s| pyroscope_time("from", s))
@@ -248,44 +299,66 @@ async fn ingest_inner(
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
-    let raw = body_bytes(d, headers, req).await?;
-    d.metrics.bytes.inc_by(raw.len() as u64);
-    if raw.is_empty() {
+    let part = if matches!(format, Format::Jfr(_)) {
+        "jfr"
+    } else {
+        "profile"
+    };
+    let body = read_body(d, headers, req, part).await?;
+    if body.profile.is_empty() {
         return Err(ApiError::bad_request("request body is empty"));
     }
-    let limit = d.limits.max_decompressed_bytes;
-    let body: Vec<u8> = if gz_header || raw.starts_with(&[0x1f, 0x8b]) {
-        gunzip_bounded(&raw, limit)?
-    } else {
-        raw.to_vec()
+    let format = match format {
+        Format::Jfr(j) => Format::Jfr(JfrParams {
+            labels: body.labels,
+            ..j
+        }),
+        f => f,
     };
-    let seed = request_seed(
-        &tenant,
-        &[
-            name,
-            format,
-            p.get("from").map(String::as_str).unwrap_or(""),
-            p.get("until").map(String::as_str).unwrap_or(""),
-        ],
-        &Labels::new(),
-        &body,
-    );
-    let plimits = fathom_pprof::Limits {
-        max_decompressed_bytes: limit,
-        max_samples: d.limits.max_samples,
-        ..Default::default()
+    let parts = [
+        name.as_str(),
+        format_name,
+        p.get("from").map(String::as_str).unwrap_or(""),
+        p.get("until").map(String::as_str).unwrap_or(""),
+        p.get("sampleRate").map(String::as_str).unwrap_or(""),
+    ];
+    let payload = Payload {
+        format,
+        encoding: if gz_header {
+            Encoding::Gzip
+        } else {
+            Encoding::Identity
+        },
+        labels: app.labels,
+        name_hint: app.kind,
+        time_nanos: from,
+        duration_nanos: duration,
+        idempotence: Idempotence::Content(parts.iter().map(|s| s.to_string()).collect()),
+        context: String::new(),
+        body: body.profile,
     };
-    let labels = app.labels.clone();
-    let kind = app.kind.clone();
-    let units = p.get("units").cloned();
-    let sample_rate = p
-        .get("sampleRate")
+    d.ingest(IngestRequest {
+        tenant,
+        received_bytes: body.received,
+        payloads: vec![payload],
+    })
+    .await
+}
+
+/// `sampleRate` (folded, JFR and speedscope).
+fn sample_rate(p: &HashMap<String, String>) -> Result<Option<u32>, ApiError> {
+    p.get("sampleRate")
         .map(|s| {
             s.parse::<u32>().ok().filter(|v| *v > 0).ok_or_else(|| {
                 ApiError::bad_request(format!("sampleRate {s:?} is not a positive integer"))
             })
         })
-        .transpose()?;
+        .transpose()
+}
+
+/// `units`, `sampleRate` and `aggregationType` of folded text.
+fn folded_params(p: &HashMap<String, String>) -> Result<FoldedParams, ApiError> {
+    let sample_rate = sample_rate(p)?;
     let aggregation = match p.get("aggregationType").map(String::as_str) {
         None | Some("sum") | Some("") => fathom_pprof::Aggregation::Sum,
         Some("average") | Some("avg") => fathom_pprof::Aggregation::Average,
@@ -295,50 +368,11 @@ async fn ingest_inner(
             )));
         }
     };
-    let is_pprof = format == "pprof";
-    let normalized =
-        tokio::task::spawn_blocking(move || -> Result<fathom_pprof::Normalized, ApiError> {
-            if is_pprof {
-                let prof = fathom_pprof::decode(&body, &plimits)
-                    .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))?;
-                fathom_pprof::normalize(
-                    &prof,
-                    &fathom_pprof::NormalizeOptions {
-                        labels,
-                        name_hint: kind,
-                        time_nanos_override: from,
-                        duration_nanos_override: duration,
-                        profile_id_seed: seed,
-                        ..Default::default()
-                    },
-                )
-                .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))
-            } else {
-                fathom_pprof::parse_folded(
-                    &body,
-                    &fathom_pprof::FoldedOptions {
-                        labels,
-                        name_hint: kind,
-                        units,
-                        sample_rate,
-                        aggregation,
-                        time_nanos: from.unwrap_or(0),
-                        duration_nanos: duration.unwrap_or(0),
-                        profile_id_seed: seed,
-                    },
-                    &plimits,
-                )
-                .map_err(|e| ApiError::bad_request(format!("invalid folded profile: {e}")))
-            }
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
-    let batch = fathom_model::IngestBatch {
-        tenant,
-        profiles: normalized.profiles,
-        symbols: normalized.symbols,
-    };
-    d.accept(batch, now_nanos()).await
+    Ok(FoldedParams {
+        units: p.get("units").cloned(),
+        sample_rate,
+        aggregation,
+    })
 }
 
 #[cfg(test)]
@@ -358,18 +392,6 @@ mod tests {
         assert!(parse_app_name("x{a=b").is_err());
         assert!(parse_app_name("{a=b}").is_err());
         assert!(parse_app_name("x{1a=b}").is_err());
-    }
-
-    #[test]
-    fn gzip_bomb_is_refused() {
-        use std::io::Write;
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        e.write_all(&vec![0u8; 1 << 20]).unwrap();
-        let gz = e.finish().unwrap();
-        let err = gunzip_bounded(&gz, 1000).unwrap_err();
-        assert!(matches!(err, ApiError::TooLarge(_)), "{err}");
-        assert_eq!(gunzip_bounded(&gz, 1 << 20).unwrap().len(), 1 << 20);
-        assert!(gunzip_bounded(b"\x1f\x8bjunk", 100).is_err());
     }
 
     #[test]

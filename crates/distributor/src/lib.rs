@@ -1,11 +1,19 @@
 //! The distributor: the front door for writes. Stateless.
 //!
 //! ```text
-//! POST /ingest (Pyroscope convention)   ──┐
-//! gRPC fathom.push.v1.PushService/Push  ──┴─► tenant ─► limits ─► decode + normalize
-//!                                                     (pprof or folded, blocking pool)
-//!                                          ─► IngestBatch ─► IngesterWriter ─► ack
+//! POST /ingest (Pyroscope convention)        ──┐ adapters: protocol → tenant,
+//! gRPC fathom.push.v1.PushService/Push       ──┤ labels, payloads (format + bytes)
+//! push.v1.PusherService/Push (Connect, gRPC) ──┤
+//! OTLP profiles (HTTP and gRPC)              ──┘
+//!     ─► Distributor::ingest (the ingest service, [`ingest`]): bounded gunzip,
+//!        decode + normalize on the blocking pool (pprof, folded, JFR,
+//!        speedscope, OTLP), idempotence seeds, metrics
+//!     ─► accept: limits ─► IngestBatch ─► IngesterWriter ─► ack
 //! ```
+//!
+//! Every protocol is a thin adapter over [`Distributor::ingest`], so limits
+//! and error messages are the same whatever the protocol; a new format is
+//! a [`Format`] variant and one decoder arm (see [`ingest`]).
 //!
 //! Invariants: a request is accepted whole or refused whole (4xx with a
 //! message that names the problem); nothing of a refused request reaches an
@@ -17,7 +25,10 @@
 //! ingester in `fathom all`, replicated ingesters in a cluster.
 
 mod http;
+pub mod ingest;
+mod otlp;
 mod push;
+mod push_v1;
 pub mod ring;
 
 use std::sync::Arc;
@@ -29,7 +40,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 pub use http::router;
+pub use ingest::{
+    Accepted, DecodeContext, Encoding, FoldedParams, Format, Idempotence, IngestRequest, JfrParams,
+    Payload,
+};
+pub use otlp::OtlpProfilesServer;
 pub use push::PushServer;
+pub use push_v1::PUSH_V1_PATH;
 
 /// Per-request limits; every refusal names the limit it hit.
 #[derive(Clone, Debug)]
@@ -44,7 +61,8 @@ pub struct Limits {
     pub max_label_value_len: usize,
     /// Most samples in one profile.
     pub max_samples: usize,
-    /// Most profiles in one gRPC push.
+    /// Most profiles in one write (gRPC push profiles, push.v1 samples;
+    /// also bounds push.v1 series).
     pub max_profiles_per_push: usize,
 }
 
@@ -92,6 +110,7 @@ pub trait IngesterWriter: Send + Sync + 'static {
 pub(crate) struct Metrics {
     pub(crate) requests: Family<Vec<(String, String)>, Counter>,
     pub(crate) bytes: Counter,
+    pub(crate) decoded_bytes: Counter,
     pub(crate) profiles: Counter,
     pub(crate) samples: Counter,
 }
@@ -117,6 +136,11 @@ impl Distributor {
             "received_bytes",
             "Request bytes received, as sent",
             metrics.bytes.clone(),
+        );
+        r.register(
+            "decompressed_bytes",
+            "Profile bytes decoded, after decompression",
+            metrics.decoded_bytes.clone(),
         );
         r.register("profiles", "Profiles accepted", metrics.profiles.clone());
         r.register("samples", "Samples accepted", metrics.samples.clone());

@@ -5,7 +5,8 @@
 //!  pprof protobuf (raw / gzip)  ─┐
 //!  legacy pprof formats         ─┼─ decode ─► pprof::Profile ─ normalize ─┐
 //!                                │                                          ├─► Normalized { profiles, symbols }
-//!  folded text (format=folded)  ─┴──────────────── parse_folded ───────────┘
+//!  folded text (format=folded)  ─┼──────────────── parse_folded ───────────┤
+//!  speedscope JSON               ─┴── parse_speedscope (pprof + normalize) ──┘
 //!
 //!  (stack, value) samples + Symbols ─ encode ─► gzip'd pprof   (query format=pprof)
 //!                                   ─ folded_lines ─► "a;b;c" + value (tests, tools)
@@ -23,6 +24,8 @@
 //!   [`normalize`] for labels, merging and ids.
 //! - [`parse_folded`] reads Pyroscope/FlameGraph folded stacks; see
 //!   [`folded_profile_type`] for the units mapping.
+//! - [`parse_speedscope`] reads speedscope JSON (sampled and evented
+//!   profiles), as Pyroscope's `format=speedscope` does.
 //! - [`encode`] renders query results as pprof; [`folded_lines`] is the
 //!   one-profile folded form the corpus tests compare (the query API's
 //!   folded, top and flame graph output, one or two columns, is rendered by
@@ -71,6 +74,7 @@ mod gzip;
 mod index;
 mod legacy;
 mod normalize;
+mod speedscope;
 mod wire;
 
 pub use decode::{DecodeError, decode, validate};
@@ -84,6 +88,7 @@ pub use normalize::{
     DEFAULT_MAX_SERIES, IGNORED_SAMPLE_LABELS, NormalizeError, NormalizeOptions, Normalized,
     display_name, go_pprof_display_name, normalize, profile_type, sanitize_label_name,
 };
+pub use speedscope::{SPEEDSCOPE_SCHEMA, SpeedscopeError, SpeedscopeOptions, parse_speedscope};
 
 /// Size limits for untrusted input. Every limit is checked before the
 /// corresponding memory is allocated.

@@ -4,10 +4,13 @@
 //! - [`pprof`]: Google's pprof `Profile`, as clients send it and as the query
 //!   API returns it.
 //! - [`push`]: `fathom.push.v1.PushService`, the native push API.
-//! - [`pyroscope`]: Pyroscope's public query API (`querier.v1`, `types.v1`,
-//!   `google.v1`), which Grafana's Pyroscope data source speaks over
-//!   Connect; its messages also (de)serialize in the protobuf JSON mapping
-//!   (serde, via pbjson) for Connect's `application/json`.
+//! - [`pyroscope`]: Grafana Pyroscope's public API types, written from
+//!   Pyroscope's definitions with the same packages and field numbers:
+//!   `push.v1.PusherService` (what current Pyroscope SDKs push with, over
+//!   Connect or gRPC), the query API that Grafana's Pyroscope data source
+//!   speaks over Connect (`querier.v1`, `google.v1`) and the shared
+//!   `types.v1`; with serde impls of the canonical protobuf JSON mapping
+//!   (pbjson) for Connect's `application/json`.
 //! - [`ingester`]: `fathom.ingester.v1`, the normalized write a distributor
 //!   sends to ingesters; the ingester's write-ahead log stores the same
 //!   message, so replay and network writes share one decoder;
@@ -45,6 +48,13 @@ pub mod pyroscope {
         pub mod v1 {
             include!(concat!(env!("OUT_DIR"), "/types.v1.rs"));
             include!(concat!(env!("OUT_DIR"), "/types.v1.serde.rs"));
+        }
+    }
+    pub mod push {
+        #[allow(unreachable_pub, clippy::all)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/push.v1.rs"));
+            include!(concat!(env!("OUT_DIR"), "/push.v1.serde.rs"));
         }
     }
     pub mod google {

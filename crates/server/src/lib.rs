@@ -39,7 +39,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use fathom_block::BlockIndex;
-use fathom_distributor::{Distributor, IngesterWriter, PushServer, WriteError};
+use fathom_distributor::{Distributor, IngesterWriter, OtlpProfilesServer, PushServer, WriteError};
 use fathom_ingester::Ingester;
 use fathom_metastore::{MetastoreClient, MetastoreConfig, MetastoreNode};
 use fathom_model::{Id, IngestBatch, Symbols, TenantId};
@@ -229,6 +229,7 @@ pub async fn run_all(
     let (stop_compactor, stop_rx) = tokio::sync::watch::channel(false);
     let compacting = tokio::spawn(compactor.run(stop_rx));
     let grpc = tonic::service::Routes::new(PushServer::new(distributor.clone()))
+        .add_service(OtlpProfilesServer::new(distributor.clone()))
         .add_service(fathom_querier::flight_service(Some(querier.clone()), None))
         .into_axum_router();
     let app = axum::Router::new()

@@ -19,7 +19,7 @@ use std::time::Duration;
 use fathom_api::cluster::Ingesters;
 use fathom_block::BlockIndex;
 use fathom_distributor::ring::{GrpcReplicas, ReplicatedWriter};
-use fathom_distributor::{Distributor, Limits, PushServer};
+use fathom_distributor::{Distributor, Limits, OtlpProfilesServer, PushServer};
 use fathom_ingester::Ingester;
 use fathom_querier::{Executor, FlightHeads, Querier};
 use object_store::ObjectStore;
@@ -86,7 +86,9 @@ pub fn distributor_app(
         registry,
     );
     let d = Distributor::new(cfg.limits.clone(), Arc::new(writer), registry);
-    let grpc = tonic::service::Routes::new(PushServer::new(d.clone())).into_axum_router();
+    let grpc = tonic::service::Routes::new(PushServer::new(d.clone()))
+        .add_service(OtlpProfilesServer::new(d.clone()))
+        .into_axum_router();
     axum::Router::new()
         .merge(fathom_distributor::router(d))
         .merge(grpc)

@@ -1,0 +1,457 @@
+//! OTLP profiles → one pprof per (resource, scope, profile, sample service)
+//! → [`fathom_pprof::normalize`]. See the crate docs for the rules.
+
+use std::collections::HashMap;
+
+use fathom_model::{Id, IdHasher, Labels, SERVICE_NAME};
+use fathom_pprof::{NormalizeOptions, Normalized};
+use fathom_proto::pprof;
+
+use crate::wire::{self, ProfilesDictionary, SampleView, Value};
+use crate::{Error, Limits, Request};
+
+/// The mapping attribute whose value is the build id Fathom keeps.
+pub(crate) const BUILD_ID_GNU: &str = "process.executable.build_id.gnu";
+const SERVICE_NAME_ATTR: &str = "service.name";
+const EXECUTABLE_NAME_ATTR: &str = "process.executable.name";
+/// The service of a resource without `service.name` (Pyroscope's name).
+pub(crate) const UNKNOWN_SERVICE: &str = "unknown_service";
+
+/// The label name of an attribute key: `service.name` → `service_name`,
+/// `.` and other characters invalid in a label name → `_`; `None` for an
+/// empty key or a reserved (`__`) one.
+pub(crate) fn label_name(key: &str) -> Option<String> {
+    if key == SERVICE_NAME_ATTR {
+        return Some(SERVICE_NAME.to_owned());
+    }
+    let name = fathom_pprof::sanitize_label_name(&key.replace('.', "_"))?;
+    (!name.starts_with("__")).then_some(name)
+}
+
+fn get<'t, T>(
+    table: &'t [T],
+    name: &'static str,
+    index: i64,
+    what: &dyn Fn() -> String,
+) -> Result<&'t T, Error> {
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| table.get(i))
+        .ok_or_else(|| Error::Index {
+            what: what(),
+            table: name,
+            index,
+            len: table.len(),
+        })
+}
+
+struct Dict<'a>(&'a ProfilesDictionary);
+
+impl<'a> Dict<'a> {
+    fn string(&self, index: i32, what: &dyn Fn() -> String) -> Result<&'a str, Error> {
+        if index == 0 && self.0.string_table.is_empty() {
+            return Ok("");
+        }
+        get(&self.0.string_table, "string_table", index.into(), what).map(String::as_str)
+    }
+
+    /// An attribute's key and value.
+    fn attribute(
+        &self,
+        index: i64,
+        what: &dyn Fn() -> String,
+    ) -> Result<(&'a str, Option<&'a Value>), Error> {
+        let a = get(&self.0.attribute_table, "attribute_table", index, what)?;
+        let key = self.string(a.key_strindex, &|| {
+            format!("{} (attribute {index})", what())
+        })?;
+        Ok((key, a.value.as_ref().and_then(|v| v.value.as_ref())))
+    }
+}
+
+/// The series labels of a resource and scope.
+fn series_labels<'a>(
+    attributes: impl Iterator<Item = &'a wire::KeyValue>,
+    resource: usize,
+    limits: &Limits,
+) -> Result<Vec<(String, String)>, Error> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut executable = None;
+    for kv in attributes {
+        let Some(value) = kv.value.as_ref().and_then(wire::AnyValue::as_label_value) else {
+            continue;
+        };
+        if value.is_empty() {
+            continue;
+        }
+        if kv.key == EXECUTABLE_NAME_ATTR && executable.is_none() {
+            executable = Some(value.clone());
+        }
+        let Some(name) = label_name(&kv.key) else {
+            continue;
+        };
+        if out.iter().any(|(k, _)| *k == name) {
+            continue;
+        }
+        out.push((name, value));
+        // One more than the limit: the service name may still come.
+        if out.len() > limits.max_labels {
+            return Err(Error::Invalid(format!(
+                "resource {resource}: its resource and scope attributes make more than {} labels \
+                 (the limit of labels per series)",
+                limits.max_labels
+            )));
+        }
+    }
+    if !out.iter().any(|(k, _)| k == SERVICE_NAME) {
+        let service = match executable {
+            Some(e) => format!("{UNKNOWN_SERVICE}:{e}"),
+            None => UNKNOWN_SERVICE.to_owned(),
+        };
+        out.push((SERVICE_NAME.to_owned(), service));
+    }
+    if out.len() > limits.max_labels {
+        return Err(Error::Invalid(format!(
+            "resource {resource}: its attributes and service_name make {} labels; the limit is {}",
+            out.len(),
+            limits.max_labels
+        )));
+    }
+    Ok(out)
+}
+
+/// A sample's value: the sum of its values, or its number of timestamps.
+fn sample_value(v: &SampleView<'_>, multiplier: i64) -> Result<i64, String> {
+    let raw = if v.values.is_empty() {
+        if v.timestamps == 0 {
+            return Err("has neither values nor timestamps".into());
+        }
+        i64::try_from(v.timestamps).map_err(|_| "has too many timestamps".to_owned())?
+    } else {
+        if v.timestamps != 0 && v.timestamps != v.values.len() {
+            return Err(format!(
+                "has {} values but {} timestamps (they must pair up)",
+                v.values.len(),
+                v.timestamps
+            ));
+        }
+        v.values
+            .iter()
+            .try_fold(0i64, |a, &x| a.checked_add(x))
+            .ok_or_else(|| "values overflow a 64-bit sum".to_owned())?
+    };
+    raw.checked_mul(multiplier)
+        .ok_or_else(|| "value times the period overflows 64 bits".to_owned())
+}
+
+/// Builds one pprof from OTLP samples, copying only the dictionary
+/// entries they use.
+struct Builder {
+    p: pprof::Profile,
+    strings: HashMap<String, i64>,
+    locations: HashMap<i32, u64>,
+    functions: HashMap<i32, u64>,
+    mappings: HashMap<i32, u64>,
+}
+
+impl Builder {
+    fn new() -> Self {
+        let mut b = Builder {
+            p: pprof::Profile::default(),
+            strings: HashMap::new(),
+            locations: HashMap::new(),
+            functions: HashMap::new(),
+            mappings: HashMap::new(),
+        };
+        b.str("");
+        b
+    }
+
+    fn str(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.p.string_table.len() as i64;
+        self.p.string_table.push(s.to_owned());
+        self.strings.insert(s.to_owned(), i);
+        i
+    }
+
+    fn mapping(&mut self, d: &Dict<'_>, index: i32) -> Result<u64, Error> {
+        // Index 0 is "no mapping" when the table has none or its first
+        // entry is the zero value, as the spec reserves it.
+        if index == 0
+            && d.0
+                .mapping_table
+                .first()
+                .is_none_or(|m| *m == wire::Mapping::default())
+        {
+            return Ok(0);
+        }
+        if let Some(&id) = self.mappings.get(&index) {
+            return Ok(id);
+        }
+        let what = || format!("location with mapping {index}");
+        let m = get(&d.0.mapping_table, "mapping_table", index.into(), &what)?;
+        let filename = d.string(m.filename_strindex, &|| format!("mapping {index}"))?;
+        let mut build_id = "";
+        for &a in &m.attribute_indices {
+            let (key, value) = d.attribute(a.into(), &|| format!("mapping {index}"))?;
+            if let (BUILD_ID_GNU, Some(Value::StringValue(s))) = (key, value) {
+                build_id = s;
+            }
+        }
+        let id = self.p.mapping.len() as u64 + 1;
+        let mapping = pprof::Mapping {
+            id,
+            memory_start: m.memory_start,
+            memory_limit: m.memory_limit,
+            file_offset: m.file_offset,
+            filename: self.str(filename),
+            build_id: self.str(build_id),
+            ..Default::default()
+        };
+        self.p.mapping.push(mapping);
+        self.mappings.insert(index, id);
+        Ok(id)
+    }
+
+    fn function(&mut self, d: &Dict<'_>, index: i32) -> Result<u64, Error> {
+        if let Some(&id) = self.functions.get(&index) {
+            return Ok(id);
+        }
+        let what = || format!("a line (function {index})");
+        let f = get(&d.0.function_table, "function_table", index.into(), &what)?;
+        let fw = || format!("function {index}");
+        let name = d.string(f.name_strindex, &fw)?;
+        let system_name = d.string(f.system_name_strindex, &fw)?;
+        let filename = d.string(f.filename_strindex, &fw)?;
+        let id = self.p.function.len() as u64 + 1;
+        let function = pprof::Function {
+            id,
+            name: self.str(name),
+            system_name: self.str(system_name),
+            filename: self.str(filename),
+            start_line: f.start_line,
+        };
+        self.p.function.push(function);
+        self.functions.insert(index, id);
+        Ok(id)
+    }
+
+    fn location(&mut self, d: &Dict<'_>, index: i32) -> Result<u64, Error> {
+        if let Some(&id) = self.locations.get(&index) {
+            return Ok(id);
+        }
+        let what = || format!("a stack (location {index})");
+        let loc = get(&d.0.location_table, "location_table", index.into(), &what)?;
+        let mapping_id = self.mapping(d, loc.mapping_index)?;
+        let mut line = Vec::with_capacity(loc.lines.len());
+        for l in &loc.lines {
+            line.push(pprof::Line {
+                function_id: self.function(d, l.function_index)?,
+                line: l.line,
+                ..Default::default()
+            });
+        }
+        let id = self.p.location.len() as u64 + 1;
+        self.p.location.push(pprof::Location {
+            id,
+            mapping_id,
+            address: loc.address,
+            line,
+            ..Default::default()
+        });
+        self.locations.insert(index, id);
+        Ok(id)
+    }
+}
+
+struct ProfileCtx<'a> {
+    d: Dict<'a>,
+    layout: crate::Layout,
+    place: String,
+}
+
+pub(crate) fn convert(req: &Request, seed: Id, limits: &Limits) -> Result<Normalized, Error> {
+    let mut out = Normalized::default();
+    let mut frames_left = limits.max_frames;
+    let m = &req.message;
+    for (ri, rp) in m.resource_profiles.iter().enumerate() {
+        for (si, sp) in rp.scope_profiles.iter().enumerate() {
+            if sp.profiles.iter().all(|p| p.samples.is_empty()) {
+                continue;
+            }
+            let dict = m.dictionary.as_ref().ok_or_else(|| {
+                Error::Invalid(
+                    "the request has samples but no dictionary (ExportProfilesServiceRequest.dictionary)"
+                        .into(),
+                )
+            })?;
+            let attrs = rp
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .chain(sp.scope.iter().flat_map(|s| &s.attributes));
+            let labels = series_labels(attrs, ri, limits)?;
+            for (pi, p) in sp.profiles.iter().enumerate() {
+                if p.samples.is_empty() {
+                    continue;
+                }
+                let ctx = ProfileCtx {
+                    d: Dict(dict),
+                    layout: req.layout,
+                    place: format!("resource {ri}, scope {si}, profile {pi}"),
+                };
+                let seed = IdHasher::new("otlp-profile")
+                    .id(&seed)
+                    .u64(ri as u64)
+                    .u64(si as u64)
+                    .u64(pi as u64)
+                    .finish();
+                convert_profile(&ctx, p, &labels, seed, limits, &mut frames_left, &mut out)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn convert_profile(
+    ctx: &ProfileCtx<'_>,
+    p: &wire::Profile,
+    labels: &[(String, String)],
+    seed: Id,
+    limits: &Limits,
+    frames_left: &mut usize,
+    out: &mut Normalized,
+) -> Result<(), Error> {
+    let d = &ctx.d;
+    let place = &ctx.place;
+    let st = p
+        .sample_type
+        .as_ref()
+        .ok_or_else(|| Error::Invalid(format!("{place}: sample_type is missing")))?;
+    let what = || format!("{place}: a value type");
+    let (mut stype, mut sunit) = (
+        d.string(st.type_strindex, &what)?,
+        d.string(st.unit_strindex, &what)?,
+    );
+    let (ptype, punit) = match &p.period_type {
+        Some(v) => (
+            d.string(v.type_strindex, &what)?,
+            d.string(v.unit_strindex, &what)?,
+        ),
+        None => ("", ""),
+    };
+    // The eBPF profiler's CPU samples: counts of a fixed CPU-time period.
+    let mut multiplier = 1;
+    if (stype, sunit, ptype, punit) == ("samples", "count", "cpu", "nanoseconds") && p.period > 0 {
+        (stype, sunit, multiplier) = ("cpu", "nanoseconds", p.period);
+    }
+    let time_nanos = i64::try_from(p.time_unix_nano)
+        .map_err(|_| Error::Invalid(format!("{place}: time_unix_nano is out of range")))?;
+    let duration_nanos = i64::try_from(p.duration_nano)
+        .map_err(|_| Error::Invalid(format!("{place}: duration_nano is out of range")))?;
+
+    // One builder per sample-level service name (None: the resource's).
+    let mut groups: HashMap<Option<&str>, Builder> = HashMap::new();
+    let mut sample_labels: Vec<(String, &str)> = Vec::new();
+    for (k, s) in p.samples.iter().enumerate() {
+        let v = s.view(ctx.layout);
+        let value = sample_value(&v, multiplier)
+            .map_err(|e| Error::Invalid(format!("{place}: sample {k} {e}")))?;
+        let what = || format!("{place}: sample {k}");
+        let mut service = None;
+        sample_labels.clear();
+        for &a in v.attribute_indices {
+            let (key, value) = d.attribute(a, &what)?;
+            let Some(Value::StringValue(s)) = value else {
+                continue;
+            };
+            if s.is_empty() {
+                continue;
+            }
+            if key == SERVICE_NAME_ATTR {
+                service = Some(s.as_str());
+            } else if let Some(name) = label_name(key) {
+                sample_labels.push((name, s.as_str()));
+            }
+        }
+        if !groups.contains_key(&service) && groups.len() >= limits.max_series {
+            return Err(Error::Invalid(format!(
+                "{place}: samples name more than {} services",
+                limits.max_series
+            )));
+        }
+        let b = groups.entry(service).or_insert_with(Builder::new);
+        let stack = get(&d.0.stack_table, "stack_table", s.stack_index.into(), &what)?;
+        *frames_left = frames_left
+            .checked_sub(stack.location_indices.len())
+            .ok_or_else(|| {
+                Error::TooLarge(format!(
+                    "the request's stacks have more than {} frames in all",
+                    limits.max_frames
+                ))
+            })?;
+        let mut location_id = Vec::with_capacity(stack.location_indices.len());
+        for &l in &stack.location_indices {
+            location_id.push(b.location(d, l)?);
+        }
+        let mut label = Vec::with_capacity(sample_labels.len());
+        for (key, value) in &sample_labels {
+            label.push(pprof::Label {
+                key: b.str(key),
+                str: b.str(value),
+                ..Default::default()
+            });
+        }
+        b.p.sample.push(pprof::Sample {
+            location_id,
+            value: vec![value],
+            label,
+        });
+    }
+
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    for (service, mut b) in groups {
+        b.p.sample_type = vec![pprof::ValueType {
+            r#type: b.str(stype),
+            unit: b.str(sunit),
+        }];
+        if p.period_type.is_some() {
+            b.p.period_type = Some(pprof::ValueType {
+                r#type: b.str(ptype),
+                unit: b.str(punit),
+            });
+        }
+        b.p.period = p.period;
+        b.p.time_nanos = time_nanos;
+        b.p.duration_nanos = duration_nanos;
+        let mut pairs = labels.to_vec();
+        if let Some(svc) = service {
+            for (k, v) in &mut pairs {
+                if k == SERVICE_NAME {
+                    *v = svc.to_owned();
+                }
+            }
+        }
+        let labels = Labels::from_pairs(pairs)
+            .map_err(|e| Error::Invalid(format!("{place}: labels: {e}")))?;
+        let n = fathom_pprof::normalize(
+            &b.p,
+            &NormalizeOptions {
+                labels,
+                profile_id_seed: IdHasher::new("otlp-service")
+                    .id(&seed)
+                    .str(service.unwrap_or(""))
+                    .finish(),
+                max_series: limits.max_series,
+                ..Default::default()
+            },
+        )?;
+        out.profiles.extend(n.profiles);
+        out.symbols.merge(&n.symbols);
+    }
+    Ok(())
+}
