@@ -174,7 +174,8 @@ fn otel_python() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target"));
-    let py = target.join("otlp-venv/bin/python");
+    let venv = target.join("otlp-venv");
+    let py = venv.join("bin/python");
     let ok = Command::new(&py)
         .args(["-c", "import opentelemetry.sdk.extension.profiling"])
         .output()
@@ -182,8 +183,9 @@ fn otel_python() -> PathBuf {
     assert!(
         ok,
         "{} with opentelemetry-sdk-extension-profiling is required: run scripts/test-all.sh, or \
-         python3 -m venv {0}/.. && {0}/../bin/pip install opentelemetry-sdk-extension-profiling==0.63b4",
-        py.display()
+         python3 -m venv {1} && {1}/bin/pip install opentelemetry-sdk-extension-profiling==0.63b4",
+        py.display(),
+        venv.display()
     );
     py
 }
