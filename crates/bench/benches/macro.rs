@@ -2,7 +2,8 @@
 //! real `fathom all` wiring (in-process server, HTTP clients on loopback):
 //!
 //! 1. single-process ingest: MB/s of uncompressed pprof, acknowledged,
-//!    through `/ingest` and then through Pyroscope's push.v1 (Connect);
+//!    through `/ingest`, then through Pyroscope's push.v1 (Connect) and
+//!    OTLP/HTTP profiles;
 //! 2. merge latency over one day of one service at 10 s (8,640 profiles
 //!    built from the real corpus), from the head, then from blocks alone
 //!    (cold and warm cache);
@@ -125,6 +126,39 @@ enum Protocol {
     /// Pyroscope's push.v1 over Connect (`application/proto`): one series,
     /// one sample with the pprof as `raw_profile` and a fresh `ID`.
     PushV1,
+    /// OTLP/HTTP `POST /v1development/profiles` (`application/x-protobuf`):
+    /// the body is the pprof already converted with
+    /// [`fathom_otlp::from_pprof`] (the conversion is the client's work).
+    Otlp,
+}
+
+/// One request body and the bytes of uncompressed pprof it carries (what
+/// throughput counts, so that every protocol is measured in the same unit).
+#[derive(Clone)]
+struct Body {
+    bytes: Arc<Vec<u8>>,
+    pprof_len: u64,
+}
+
+/// The corpus as bodies of `protocol`.
+fn bodies(protocol: Protocol) -> Vec<Body> {
+    ingest_files()
+        .into_iter()
+        .map(|pprof| {
+            let pprof_len = pprof.len() as u64;
+            let bytes = match protocol {
+                Protocol::Ingest | Protocol::PushV1 => pprof,
+                Protocol::Otlp => {
+                    let limits = fathom_pprof::Limits::default();
+                    let p = fathom_pprof::decode(&pprof, &limits).expect("corpus pprof");
+                    let req = fathom_otlp::from_pprof(&p, &[("service.name", "otlp-bench")])
+                        .expect("corpus pprof as OTLP");
+                    Arc::new(prost::Message::encode_to_vec(&req))
+                }
+            };
+            Body { bytes, pprof_len }
+        })
+        .collect()
 }
 
 /// The body and headers of one request of `protocol` carrying `pprof`.
@@ -171,20 +205,24 @@ fn request(
                 .header("Content-Type", "application/proto")
                 .body(req.encode_to_vec())
         }
+        Protocol::Otlp => http
+            .post(format!("{url}/v1development/profiles"))
+            .header("Content-Type", "application/x-protobuf")
+            .body(pprof.to_vec()),
     }
 }
 
 /// Ingest throughput: 4 concurrent clients push `files` round robin to
 /// `urls` for `secs` with `protocol`. Returns (MB/s of acknowledged
 /// uncompressed pprof, requests, seconds).
-async fn push_for(urls: Vec<String>, files: Vec<Arc<Vec<u8>>>, secs: u64) -> (f64, u64, f64) {
-    push_with(Protocol::Ingest, urls, files, secs).await
+async fn push_for(urls: Vec<String>, secs: u64) -> (f64, u64, f64) {
+    push_with(Protocol::Ingest, urls, bodies(Protocol::Ingest), secs).await
 }
 
 async fn push_with(
     protocol: Protocol,
     urls: Vec<String>,
-    files: Vec<Arc<Vec<u8>>>,
+    files: Vec<Body>,
     secs: u64,
 ) -> (f64, u64, f64) {
     let bytes = Arc::new(AtomicU64::new(0));
@@ -202,12 +240,12 @@ async fn push_with(
             let mut i = w;
             while Instant::now() < deadline {
                 let body = files[i % files.len()].clone();
-                let r = request(&http, &url, protocol, &body, i)
+                let r = request(&http, &url, protocol, &body.bytes, i)
                     .send()
                     .await
                     .expect("request");
                 if r.status().is_success() {
-                    bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                    bytes.fetch_add(body.pprof_len, Ordering::Relaxed);
                     reqs.fetch_add(1, Ordering::Relaxed);
                 }
                 i += 4;
@@ -230,7 +268,7 @@ fn cores() -> usize {
 
 async fn ingest_bench(dir: &Path) {
     let srv = start(dir).await;
-    let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_files(), ingest_secs()).await;
+    let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_secs()).await;
     let cores = cores();
     println!(
         "figure ingest_single_process: {mbs:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {reqs} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
@@ -241,7 +279,7 @@ async fn ingest_bench(dir: &Path) {
     let (pmbs, preqs, pel) = push_with(
         Protocol::PushV1,
         vec![srv.url()],
-        ingest_files(),
+        bodies(Protocol::PushV1),
         ingest_secs(),
     )
     .await;
@@ -250,6 +288,18 @@ async fn ingest_bench(dir: &Path) {
         pmbs / cores as f64,
         mbs / cores as f64,
         pmbs / mbs.max(f64::MIN_POSITIVE),
+    );
+    // And as OTLP/HTTP profiles, converted before the clock starts.
+    let otlp = bodies(Protocol::Otlp);
+    let otlp_bytes: u64 = otlp.iter().map(|b| b.bytes.len() as u64).sum();
+    let pprof_bytes: u64 = otlp.iter().map(|b| b.pprof_len).sum();
+    let (ombs, oreqs, oel) = push_with(Protocol::Otlp, vec![srv.url()], otlp, ingest_secs()).await;
+    println!(
+        "figure ingest_otlp_single_process: {ombs:.1} MB/s of uncompressed pprof acknowledged as OTLP profiles ({:.1} MB/s per core over {cores} cores; {oreqs} requests in {oel:.1} s; the OTLP bodies are {:.2}x the pprof bytes) next to /ingest pprof above: {:.1} MB/s per core; ratio {:.2}",
+        ombs / cores as f64,
+        otlp_bytes as f64 / pprof_bytes.max(1) as f64,
+        mbs / cores as f64,
+        ombs / mbs.max(f64::MIN_POSITIVE),
     );
     srv.stop().await;
 }
@@ -515,13 +565,12 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
         bin.display()
     );
     println!("info: cluster bench with {}", bin.display());
-    let files = ingest_files();
     let secs = ingest_secs();
     let cores = cores();
 
     let d = tempfile::tempdir().unwrap();
     let mut single = Fathom::start(&d.path().join("all"), &[]).unwrap();
-    let (one, reqs1, el1) = rt.block_on(push_for(vec![single.url("")], files.clone(), secs));
+    let (one, reqs1, el1) = rt.block_on(push_for(vec![single.url("")], secs));
     single.stop().unwrap();
     drop(single);
 
@@ -534,7 +583,7 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     )
     .unwrap();
     let urls: Vec<String> = c.distributors.iter().map(|p| p.url("")).collect();
-    let (rf3, reqs3, el3) = rt.block_on(push_for(urls.clone(), files, secs));
+    let (rf3, reqs3, el3) = rt.block_on(push_for(urls.clone(), secs));
     println!(
         "figure ingest_cluster_rf3: {rf3:.1} MB/s of uncompressed pprof acknowledged ({reqs3} requests in {el3:.1} s; 2 distributors, 3 ingesters, every write on 3 WALs) next to ingest_single_process_as_process: {one:.1} MB/s ({reqs1} requests in {el1:.1} s), same binary, same clients, same {cores}-core machine: ratio {:.2}",
         rf3 / one

@@ -271,6 +271,20 @@ struct ProfileCtx<'a> {
     d: Dict<'a>,
     layout: crate::Layout,
     place: String,
+    /// Another profile of the same scope already counts CPU time in
+    /// `cpu`/`nanoseconds` (a Go CPU pprof sent as OTLP has both types), so
+    /// `samples`/`count` stays a count rather than becoming a second copy.
+    scope_has_cpu_nanoseconds: bool,
+}
+
+/// Whether `p`'s sample type is `type`/`unit` (false when its indices do
+/// not resolve: the profile's own conversion reports that).
+fn sample_type_is(d: &Dict<'_>, p: &wire::Profile, r#type: &str, unit: &str) -> bool {
+    let Some(st) = &p.sample_type else {
+        return false;
+    };
+    let s = |i: i32| d.string(i, &String::new).ok();
+    s(st.type_strindex) == Some(r#type) && s(st.unit_strindex) == Some(unit)
 }
 
 pub(crate) fn convert(req: &Request, seed: Id, limits: &Limits) -> Result<Normalized, Error> {
@@ -294,6 +308,10 @@ pub(crate) fn convert(req: &Request, seed: Id, limits: &Limits) -> Result<Normal
                 .flat_map(|r| &r.attributes)
                 .chain(sp.scope.iter().flat_map(|s| &s.attributes));
             let labels = series_labels(attrs, ri, limits)?;
+            let scope_has_cpu_nanoseconds = sp
+                .profiles
+                .iter()
+                .any(|p| sample_type_is(&Dict(dict), p, "cpu", "nanoseconds"));
             for (pi, p) in sp.profiles.iter().enumerate() {
                 if p.samples.is_empty() {
                     continue;
@@ -302,6 +320,7 @@ pub(crate) fn convert(req: &Request, seed: Id, limits: &Limits) -> Result<Normal
                     d: Dict(dict),
                     layout: req.layout,
                     place: format!("resource {ri}, scope {si}, profile {pi}"),
+                    scope_has_cpu_nanoseconds,
                 };
                 let seed = IdHasher::new("otlp-profile")
                     .id(&seed)
@@ -345,7 +364,10 @@ fn convert_profile(
     };
     // The eBPF profiler's CPU samples: counts of a fixed CPU-time period.
     let mut multiplier = 1;
-    if (stype, sunit, ptype, punit) == ("samples", "count", "cpu", "nanoseconds") && p.period > 0 {
+    if (stype, sunit, ptype, punit) == ("samples", "count", "cpu", "nanoseconds")
+        && p.period > 0
+        && !ctx.scope_has_cpu_nanoseconds
+    {
         (stype, sunit, multiplier) = ("cpu", "nanoseconds", p.period);
     }
     let time_nanos = i64::try_from(p.time_unix_nano)

@@ -41,7 +41,12 @@
 //!   own `off_cpu:off_cpu:nanoseconds:…` type). `samples`/`count` sampled
 //!   with a `cpu`/`nanoseconds` period (the eBPF profiler's CPU samples)
 //!   becomes `cpu`/`nanoseconds`, each count multiplied by the period,
-//!   i.e. `process_cpu:cpu:nanoseconds:cpu:nanoseconds`.
+//!   i.e. `process_cpu:cpu:nanoseconds:cpu:nanoseconds`, unless the same
+//!   scope also has a `cpu`/`nanoseconds` profile (a Go CPU pprof sent as
+//!   OTLP carries both): then the counts stay counts, as in pprof.
+//! - [`from_pprof`] goes the other way (pprof into a v1.10 request), so
+//!   the same profiles can be sent over OTLP and over `/ingest`; a
+//!   round trip gives the same stacks and values.
 //! - A sample's value is the sum of its `values`, or the number of its
 //!   timestamps when it has no values (each one an event of value 1).
 //! - Stacks keep their frames (leaf first), locations their lines (inlined
@@ -54,12 +59,14 @@
 //!   panics on input.
 
 mod convert;
+mod encode;
 mod json;
 mod scan;
 #[cfg(test)]
 mod tests;
 pub mod wire;
 
+pub use encode::{EncodeError, from_pprof};
 use fathom_model::Id;
 pub use fathom_pprof::Normalized;
 

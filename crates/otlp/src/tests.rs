@@ -677,3 +677,82 @@ proptest::proptest! {
         }
     }
 }
+
+/// Every protobuf pprof of the corpus, sent as OTLP with [`crate::from_pprof`],
+/// gives the same profile types, stacks and values as the pprof itself.
+#[test]
+fn corpus_pprof_round_trips_through_otlp() {
+    let root = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/testdata/pprof"
+    ));
+    let mut files = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.to_string_lossy().ends_with(".pb.gz") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    let limits = fathom_pprof::Limits::default();
+    let (mut checked, mut refused) = (0, Vec::new());
+    for f in &files {
+        let Ok(pprof) = fathom_pprof::decode(&std::fs::read(f).unwrap(), &limits) else {
+            // Not a pprof Fathom accepts (the corpus holds some on purpose).
+            refused.push(f.display().to_string());
+            continue;
+        };
+        let opts = fathom_pprof::NormalizeOptions {
+            labels: fathom_model::Labels::from_pairs([("service_name", "rt")]).unwrap(),
+            ..Default::default()
+        };
+        let direct = fathom_pprof::normalize(&pprof, &opts).unwrap();
+        let req = crate::from_pprof(&pprof, &[("service.name", "rt")]).unwrap();
+        let (layout, via) = convert(&req.encode_to_vec(), Encoding::Protobuf)
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert_eq!(layout, Layout::V1_10, "{}", f.display());
+        let types = |n: &Normalized| -> std::collections::BTreeSet<String> {
+            n.profiles
+                .iter()
+                .map(|p| p.profile_type.to_string())
+                .collect()
+        };
+        // What OTLP reads differently, by design: CPU samples counted in a
+        // CPU-time period (a known one) with no CPU-time type beside them
+        // (the eBPF profiler's shape) become CPU time, each count times the
+        // period.
+        let mut want: BTreeMap<String, BTreeMap<String, i64>> = types(&direct)
+            .into_iter()
+            .map(|t| {
+                let st = stacks(&direct, &t);
+                (t, st)
+            })
+            .collect();
+        const COUNTS: &str = "process_cpu:samples:count:cpu:nanoseconds";
+        if pprof.period > 0
+            && !want.contains_key(CPU)
+            && let Some(counts) = want.remove(COUNTS)
+        {
+            let times = counts.into_iter().map(|(k, v)| (k, v * pprof.period));
+            want.insert(CPU.to_owned(), times.collect());
+        }
+        let got: BTreeMap<String, BTreeMap<String, i64>> = types(&via)
+            .into_iter()
+            .map(|t| {
+                let st = stacks(&via, &t);
+                (t, st)
+            })
+            .collect();
+        assert_eq!(got, want, "{}", f.display());
+        checked += 1;
+    }
+    assert!(
+        checked >= 60,
+        "only {checked} corpus files checked; refused: {refused:?}"
+    );
+}
