@@ -6,6 +6,7 @@ mod agent;
 mod bad_input;
 mod blocks;
 mod cluster;
+mod deploy;
 mod corpus;
 mod docs_examples;
 mod flight;
