@@ -78,7 +78,8 @@ stage "$garage" deploy/bin/garage
 
 build() {
   local t0=$SECONDS
-  docker build -q -f "$1" -t "$2" "${@:3}" . >/dev/null || die "docker build of $2 failed"
+  local log
+  log=$(docker build -q -f "$1" -t "$2" "${@:3}" . 2>&1) || die "docker build of $2 failed: $log"
   echo "images.sh: $2 ($(docker image inspect -f '{{.Size}}' "$2" | awk '{printf "%.0f MB", $1/1e6}'), $((SECONDS - t0)) s)"
 }
 build deploy/Dockerfile "fathom:$tag"

@@ -11,6 +11,9 @@ apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux ch
 python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
 # ...and venv support (Debian splits ensurepip out).
 python3 -c 'import ensurepip' >/dev/null 2>&1 || apt_pkgs+=(python3-venv)
+# The deploy tests run containers: Docker Engine and docker-compose (they fail,
+# saying so, when the engine is not running).
+apt_pkgs+=(docker.io docker-compose)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

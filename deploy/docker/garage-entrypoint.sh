@@ -34,6 +34,9 @@ key_id=${GARAGE_ACCESS_KEY_ID:?set GARAGE_ACCESS_KEY_ID (GK followed by 24 hex d
 secret=${GARAGE_SECRET_ACCESS_KEY:?set GARAGE_SECRET_ACCESS_KEY (64 hex digits)}
 rpc_secret=${GARAGE_RPC_SECRET:-$(printf '%s' "$secret" | sha256sum | cut -c1-64)}
 
+# Garage logs every request at info (health checks included): warnings only
+# unless RUST_LOG says otherwise.
+export RUST_LOG=${RUST_LOG:-warn}
 rm -f "$flag"
 mkdir -p "$data/meta" "$data/data"
 cat >"$config" <<TOML
