@@ -13,7 +13,8 @@ python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
 python3 -c 'import ensurepip' >/dev/null 2>&1 || apt_pkgs+=(python3-venv)
 # The deploy tests run containers: Docker Engine and docker-compose (they fail,
 # saying so, when the engine is not running).
-apt_pkgs+=(docker.io docker-compose)
+command -v docker >/dev/null 2>&1 || apt_pkgs+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || apt_pkgs+=(docker-compose)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

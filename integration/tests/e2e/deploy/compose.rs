@@ -17,6 +17,8 @@ const NODE: &str = "compose-e2e";
 
 /// A compose project, taken down (volumes too) on drop.
 struct Compose {
+    /// `docker-compose` (1.29), or `docker` with the compose plugin.
+    program: Vec<&'static str>,
     project: String,
     http_port: u16,
     push_port: u16,
@@ -25,13 +27,24 @@ struct Compose {
 impl Compose {
     fn new() -> Compose {
         require_docker();
-        match Command::new("docker-compose").arg("version").output() {
-            Ok(o) if o.status.success() => {}
-            other => panic!(
-                "the compose test needs docker-compose (apt-get install docker-compose): {other:?}"
-            ),
-        }
+        let works = |p: &[&str]| {
+            Command::new(p[0])
+                .args(&p[1..])
+                .arg("version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        let program = [vec!["docker-compose"], vec!["docker", "compose"]]
+            .into_iter()
+            .find(|p| works(p))
+            .unwrap_or_else(|| {
+                panic!(
+                    "the compose test needs docker-compose (apt-get install docker-compose) \
+                     or the docker compose plugin, and neither runs"
+                )
+            });
         Compose {
+            program,
             project: format!("fathom-e2e-{}", std::process::id()),
             http_port: free_port(),
             push_port: free_port(),
@@ -39,8 +52,9 @@ impl Compose {
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("docker-compose");
-        c.arg("-p")
+        let mut c = Command::new(self.program[0]);
+        c.args(&self.program[1..])
+            .arg("-p")
             .arg(&self.project)
             .arg("-f")
             .arg(deploy_dir().join("docker-compose.yml"))
