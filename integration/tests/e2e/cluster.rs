@@ -60,6 +60,23 @@ pub(crate) fn folded_at(
     tenant: &str,
     service: &str,
 ) -> Result<BTreeMap<String, i64>, String> {
+    folded_between(
+        querier,
+        tenant,
+        service,
+        "2023-12-31T00:00:00Z",
+        "2024-01-10T00:00:00Z",
+    )
+}
+
+/// As [`folded_at`], between `start` and `end` (API times).
+pub(crate) fn folded_between(
+    querier: &str,
+    tenant: &str,
+    service: &str,
+    start: &str,
+    end: &str,
+) -> Result<BTreeMap<String, i64>, String> {
     let r = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()
@@ -68,8 +85,8 @@ pub(crate) fn folded_at(
         .header("X-Scope-OrgID", tenant)
         .query(&[
             ("query", format!("{CPU}{{service_name=\"{service}\"}}")),
-            ("start", "2023-12-31T00:00:00Z".into()),
-            ("end", "2024-01-10T00:00:00Z".into()),
+            ("start", start.into()),
+            ("end", end.into()),
             ("format", "folded".into()),
         ])
         .send()

@@ -79,11 +79,7 @@ impl Compose {
 
     /// `name status health` of every container of the project.
     fn states(&self) -> Vec<String> {
-        let ids: Vec<String> = self
-            .run(&["ps", "-q"])
-            .lines()
-            .map(str::to_owned)
-            .collect();
+        let ids: Vec<String> = self.run(&["ps", "-q"]).lines().map(str::to_owned).collect();
         if ids.is_empty() {
             return Vec::new();
         }
@@ -177,7 +173,10 @@ fn compose_cluster_from_clean_state_serves_the_agent_and_survives_restart() {
     // A clean state: nothing of an earlier run of this project.
     c.run(&["down", "-v", "--remove-orphans", "-t", "5"]);
     let services = c.run(&["config", "--services"]).lines().count();
-    assert_eq!(services, 12, "garage, 3 metastores, 3 ingesters, 2 distributors, querier, compactor, agent");
+    assert_eq!(
+        services, 12,
+        "garage, 3 metastores, 3 ingesters, 2 distributors, querier, compactor, agent"
+    );
 
     let t0 = Instant::now();
     c.run(&["up", "-d"]);
@@ -210,7 +209,12 @@ fn compose_cluster_from_clean_state_serves_the_agent_and_survives_restart() {
         .body(body)
         .send()
         .unwrap();
-    assert!(r.status().is_success(), "push: {} {:?}", r.status(), r.text());
+    assert!(
+        r.status().is_success(),
+        "push: {} {:?}",
+        r.status(),
+        r.text()
+    );
     check_acked(&c.querier(), std::slice::from_ref(&ack));
 
     // The agent's profiles of this host's processes.

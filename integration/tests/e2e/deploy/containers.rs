@@ -28,7 +28,7 @@ use testcontainers::runners::SyncRunner;
 use testcontainers::{Container, GenericImage, ImageExt};
 
 use super::{TAG, docker_lock, images, run};
-use crate::cluster::{BASE_S, FILES, check_acked, folded_at};
+use crate::cluster::{BASE_S, FILES, check_acked, folded_between};
 
 const KEY_ID: &str = "GK8b72ae0651d0d51e12c222f4";
 const SECRET: &str = "c9e4e82058d491c29be90808c7b77c0a5301f20a051817b18c628fed998b307b";
@@ -114,7 +114,10 @@ fn fathom(network: &str, name: &str, port: u16, cmd: Vec<String>, s3: bool) -> N
     if s3 {
         for (k, v) in [
             ("FATHOM_OBJECT_STORE", "s3".to_owned()),
-            ("FATHOM_S3_ENDPOINT", format!("http://{network}-garage:3900")),
+            (
+                "FATHOM_S3_ENDPOINT",
+                format!("http://{network}-garage:3900"),
+            ),
             ("FATHOM_S3_BUCKET", "fathom".into()),
             ("FATHOM_S3_REGION", "garage".into()),
             ("FATHOM_S3_ALLOW_HTTP", "true".into()),
@@ -154,7 +157,9 @@ impl TcCluster {
             .with_startup_timeout(Duration::from_secs(120))
             .start()
             .expect("starting the garage container");
-        let ms: Vec<String> = (1..=3).map(|i| format!("{network}-metastore-{i}")).collect();
+        let ms: Vec<String> = (1..=3)
+            .map(|i| format!("{network}-metastore-{i}"))
+            .collect();
         let peers = ms
             .iter()
             .enumerate()
@@ -278,6 +283,17 @@ impl TcCluster {
         }
     }
 
+    /// Waits until the metastore counts one ingester fewer (the fault took
+    /// effect; printed), then until `hold` has passed since `since`.
+    fn fault_noticed(&self, since: Instant, hold: Duration) {
+        self.wait_live_ingesters(2, Duration::from_secs(30));
+        println!(
+            "  the ingester left the ring {:.1} s after the fault",
+            since.elapsed().as_secs_f64()
+        );
+        std::thread::sleep(hold.saturating_sub(since.elapsed()));
+    }
+
     /// Healed: three live ingesters and every published role ready.
     fn wait_healed(&self, timeout: Duration) -> Duration {
         let t0 = Instant::now();
@@ -301,8 +317,7 @@ impl TcCluster {
             rate: 5.0,
             duration,
             files: FILES.iter().map(|s| s.to_string()).collect(),
-            // A day per phase: each phase's writes are new profiles.
-            base_time_s: BASE_S + phase * 86_400,
+            base_time_s: phase_start(phase),
             retry_for: Duration::from_secs(90),
         };
         std::thread::spawn(move || loadgen::run(&opts, Arc::new(AtomicBool::new(false))).unwrap())
@@ -310,7 +325,8 @@ impl TcCluster {
 
     fn garage_ready(&self) -> bool {
         let Ok(mut r) = self.garage.exec(
-            ExecCommand::new(["garage-entrypoint", "ready"]).with_cmd_ready_condition(CmdWaitFor::exit()),
+            ExecCommand::new(["garage-entrypoint", "ready"])
+                .with_cmd_ready_condition(CmdWaitFor::exit()),
         ) else {
             return false;
         };
@@ -319,23 +335,25 @@ impl TcCluster {
     }
 }
 
-/// Reads of `acked` (writes of earlier phases) in a loop until `stop`:
-/// each must be complete or fail, never partial. Returns (complete, failed).
+/// Reads of `acked` (writes of earlier phases, all before `before_s`, the
+/// current phase's first profile) in a loop until `stop`: each must be
+/// complete or fail, never partial. Returns (complete, failed).
 fn reader(
     querier: String,
     acked: Vec<Ack>,
+    before_s: i64,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<(usize, usize)> {
     std::thread::spawn(move || {
         let want = loadgen::expected(&acked, "cpu/nanoseconds").unwrap();
+        let end = ((before_s - 1) * 1000).to_string();
         let (mut ok, mut failed) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
             for ((tenant, service), stacks) in &want {
-                match folded_at(&querier, tenant, service) {
+                match folded_between(&querier, tenant, service, "2023-12-31T00:00:00Z", &end) {
                     Ok(got) => {
-                        let total = |m: &std::collections::BTreeMap<String, i64>| {
-                            m.values().sum::<i64>()
-                        };
+                        let total =
+                            |m: &std::collections::BTreeMap<String, i64>| m.values().sum::<i64>();
                         assert!(
                             &got == stacks,
                             "a read during the fault was partial: {tenant}/{service} total {} over {} stacks, want {} over {}",
@@ -353,6 +371,12 @@ fn reader(
         }
         (ok, failed)
     })
+}
+
+/// A day per phase: each phase's writes are new profiles, after every
+/// earlier phase's.
+fn phase_start(phase: i64) -> i64 {
+    BASE_S + phase * 86_400
 }
 
 fn docker(args: &[&str]) {
@@ -385,7 +409,7 @@ fn containers_cluster_survives_kill_pause_partition_leader_restart_and_s3_outage
             40,
             Box::new(|c: &TcCluster| {
                 docker(&["kill", c.ingesters[0].c.id()]);
-                c.wait_live_ingesters(2, Duration::from_secs(30));
+                c.fault_noticed(Instant::now(), Duration::ZERO);
                 c.ingesters[0].c.start().expect("start ingester-1 again");
                 Instant::now()
             }),
@@ -395,7 +419,7 @@ fn containers_cluster_survives_kill_pause_partition_leader_restart_and_s3_outage
             40,
             Box::new(|c: &TcCluster| {
                 futures::executor::block_on(c.ingesters[1].c.pause()).expect("pause");
-                std::thread::sleep(Duration::from_secs(10));
+                c.fault_noticed(Instant::now(), Duration::from_secs(10));
                 futures::executor::block_on(c.ingesters[1].c.unpause()).expect("unpause");
                 Instant::now()
             }),
@@ -406,7 +430,7 @@ fn containers_cluster_survives_kill_pause_partition_leader_restart_and_s3_outage
             Box::new(|c: &TcCluster| {
                 let id = c.ingesters[2].c.id().to_owned();
                 docker(&["network", "disconnect", &c.network, &id]);
-                std::thread::sleep(Duration::from_secs(10));
+                c.fault_noticed(Instant::now(), Duration::from_secs(10));
                 docker(&["network", "connect", &c.network, &id]);
                 Instant::now()
             }),
@@ -455,7 +479,10 @@ fn containers_cluster_survives_kill_pause_partition_leader_restart_and_s3_outage
                 c.garage.start().expect("start garage");
                 let t = Instant::now();
                 while !c.garage_ready() {
-                    assert!(t.elapsed() < Duration::from_secs(60), "garage not ready again");
+                    assert!(
+                        t.elapsed() < Duration::from_secs(60),
+                        "garage not ready again"
+                    );
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 Instant::now()
@@ -468,7 +495,12 @@ fn containers_cluster_survives_kill_pause_partition_leader_restart_and_s3_outage
         let phase = phase as i64 + 1;
         let load = c.load(phase, Duration::from_secs(*secs));
         let stop = Arc::new(AtomicBool::new(false));
-        let reads = reader(c.querier.url(""), acked.clone(), stop.clone());
+        let reads = reader(
+            c.querier.url(""),
+            acked.clone(),
+            phase_start(phase),
+            stop.clone(),
+        );
         std::thread::sleep(Duration::from_secs(8));
         let lifted = fault(&c);
         let heal = lifted.elapsed() + c.wait_healed(Duration::from_secs(120));
@@ -480,7 +512,11 @@ fn containers_cluster_survives_kill_pause_partition_leader_restart_and_s3_outage
             "{what}: writes never acknowledged: {:?}",
             report.failed
         );
-        assert!(report.acked.len() >= 50, "{what}: the load ran: {}", report.acked.len());
+        assert!(
+            report.acked.len() >= 50,
+            "{what}: the load ran: {}",
+            report.acked.len()
+        );
         let n = report.acked.len();
         acked.extend(report.acked);
         check_acked(&c.querier.url(""), &acked);

@@ -14,8 +14,8 @@ fn validate(files: &[std::path::PathBuf]) -> Result<String, String> {
         .args(files)
         .output()
         .expect("python3 runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     if text.contains("No module named kubernetes_validate") {
         panic!(
             "the manifest test needs PyPI kubernetes-validate \
@@ -97,9 +97,15 @@ fn k8s_manifests_validate_against_the_api_schemas() {
         "Service/fathom-querier",
         "Secret/fathom-s3",
     ] {
-        assert!(all.contains(want), "deploy/k8s/cluster has no {want}: {all:?}");
+        assert!(
+            all.contains(want),
+            "deploy/k8s/cluster has no {want}: {all:?}"
+        );
     }
-    for want in ["StatefulSet/fathom-metastore", "StatefulSet/fathom-ingester"] {
+    for want in [
+        "StatefulSet/fathom-metastore",
+        "StatefulSet/fathom-ingester",
+    ] {
         assert!(
             with_volumes.contains(want),
             "{want} keeps its data on a volume claim"
@@ -111,10 +117,16 @@ fn k8s_manifests_validate_against_the_api_schemas() {
     let dir = tempfile::tempdir().unwrap();
     let src = std::fs::read_to_string(deploy_dir().join("k8s/cluster/ingester.yaml")).unwrap();
     for (what, broken) in [
-        ("replicas as a string", src.replace("replicas: 3", "replicas: three")),
+        (
+            "replicas as a string",
+            src.replace("replicas: 3", "replicas: three"),
+        ),
         (
             "an unknown field",
-            src.replace("serviceName: fathom-ingester", "serviceName: fathom-ingester\n  replica: 3"),
+            src.replace(
+                "serviceName: fathom-ingester",
+                "serviceName: fathom-ingester\n  replica: 3",
+            ),
         ),
     ] {
         assert_ne!(broken, src, "the mutation applies");
