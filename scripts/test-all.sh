@@ -6,11 +6,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver openjdk-17-jdk-headless)
+apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver openjdk-17-jdk-headless debootstrap binutils)
 # Python with pip, unless one is already on PATH (e.g. pyenv).
 python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
 # ...and venv support (Debian splits ensurepip out).
 python3 -c 'import ensurepip' >/dev/null 2>&1 || apt_pkgs+=(python3-venv)
+# The deploy tests run containers: Docker Engine and docker-compose (they fail,
+# saying so, when the engine is not running).
+command -v docker >/dev/null 2>&1 || apt_pkgs+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || apt_pkgs+=(docker-compose)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -20,8 +24,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-py_pkgs=('pyroscope-io==0.8.16' pyarrow 'adbc-driver-flightsql>=1.13' 'adbc-driver-manager>=1.13' selenium)
-if ! python3 -c 'import pyroscope, pyarrow, adbc_driver_flightsql, selenium' 2>/dev/null; then
+py_pkgs=('pyroscope-io==0.8.16' pyarrow 'adbc-driver-flightsql>=1.13' 'adbc-driver-manager>=1.13' selenium 'kubernetes-validate>=1.31')
+if ! python3 -c 'import pyroscope, pyarrow, adbc_driver_flightsql, selenium, kubernetes_validate' 2>/dev/null; then
   # Debian's own Python refuses pip installs without this flag (PEP 668).
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"

@@ -13,13 +13,13 @@ use fathom_integration::cluster::{Cluster, ClusterOptions};
 use fathom_integration::loadgen::{self, Ack, LoadOptions, LoadReport};
 use fathom_integration::parse_folded;
 
-const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
-const FILES: [&str; 2] = [
+pub(crate) const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+pub(crate) const FILES: [&str; 2] = [
     "google+pprof/internal/report/testdata/sample.cpu",
     "google+pprof/internal/driver/testdata/cppbench.cpu",
 ];
 /// 2024-01-01T00:00:00Z
-const BASE_S: i64 = 1_704_067_200;
+pub(crate) const BASE_S: i64 = 1_704_067_200;
 
 fn secs(var: &str, default: u64) -> Duration {
     Duration::from_secs(
@@ -50,16 +50,43 @@ fn load(c: &Cluster, duration: Duration) -> std::thread::JoinHandle<LoadReport> 
 }
 
 fn folded(c: &Cluster, tenant: &str, service: &str) -> Result<BTreeMap<String, i64>, String> {
+    folded_at(&c.querier.url(""), tenant, service)
+}
+
+/// Per-stack totals of one load-generator series, as the querier at
+/// `querier` (a base URL) answers them over the load generator's days.
+pub(crate) fn folded_at(
+    querier: &str,
+    tenant: &str,
+    service: &str,
+) -> Result<BTreeMap<String, i64>, String> {
+    folded_between(
+        querier,
+        tenant,
+        service,
+        "2023-12-31T00:00:00Z",
+        "2024-01-10T00:00:00Z",
+    )
+}
+
+/// As [`folded_at`], between `start` and `end` (API times).
+pub(crate) fn folded_between(
+    querier: &str,
+    tenant: &str,
+    service: &str,
+    start: &str,
+    end: &str,
+) -> Result<BTreeMap<String, i64>, String> {
     let r = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()
         .unwrap()
-        .get(c.querier.url("/api/v1/query"))
+        .get(format!("{querier}/api/v1/query"))
         .header("X-Scope-OrgID", tenant)
         .query(&[
             ("query", format!("{CPU}{{service_name=\"{service}\"}}")),
-            ("start", "2023-12-31T00:00:00Z".into()),
-            ("end", "2024-01-10T00:00:00Z".into()),
+            ("start", start.into()),
+            ("end", end.into()),
             ("format", "folded".into()),
         ])
         .send()
@@ -84,9 +111,17 @@ fn check(c: &Cluster, report: &LoadReport) {
         "the load ran: {}",
         report.acked.len()
     );
-    let want = loadgen::expected(&report.acked, "cpu/nanoseconds").unwrap();
+    check_acked(&c.querier.url(""), &report.acked);
+}
+
+/// The querier at `querier` shows exactly the acknowledged writes `acked`:
+/// per-stack totals of every (tenant, service) equal the `go tool pprof`
+/// expectations summed over them (a lost write is missing, a duplicated one
+/// counts twice).
+pub(crate) fn check_acked(querier: &str, acked: &[Ack]) {
+    let want = loadgen::expected(acked, "cpu/nanoseconds").unwrap();
     for ((tenant, service), stacks) in &want {
-        let got = folded(c, tenant, service).unwrap();
+        let got = folded_at(querier, tenant, service).unwrap();
         if &got != stacks {
             let total = |m: &BTreeMap<String, i64>| m.values().sum::<i64>();
             panic!(
@@ -95,8 +130,7 @@ fn check(c: &Cluster, report: &LoadReport) {
                 got.len(),
                 total(stacks),
                 stacks.len(),
-                report
-                    .acked
+                acked
                     .iter()
                     .filter(|a: &&Ack| &a.tenant == tenant && &a.service == service)
                     .count()

@@ -7,6 +7,7 @@ mod bad_input;
 mod blocks;
 mod cluster;
 mod corpus;
+mod deploy;
 mod docs_examples;
 mod flight;
 mod grafana;
