@@ -38,6 +38,9 @@ def main():
         chart = wait_chart(d)
         if sorted({c["side"] for c in chart}) != ["A", "B"]:
             raise AssertionError(f"the metrics graph should hold A and B: {chart}")
+        # A and B are two label sets over one range: one window, one label.
+        if chart[0]["marks"] != ["A = B"]:
+            raise AssertionError(f"the shared window should be marked once as 'A = B': {chart[0]['marks']}")
         os.makedirs(OUT, exist_ok=True)
         d.set_window_size(1400, 1400)
         time.sleep(0.2)

@@ -244,6 +244,27 @@ impl Fathom {
         Ok(serde_json::from_slice(&b)?)
     }
 
+    /// The series of one service between `start` and `end`
+    /// (`/api/v1/series`), as JSON objects of their labels.
+    pub fn series(
+        &self,
+        tenant: Option<&str>,
+        service: &str,
+        start: &str,
+        end: &str,
+    ) -> Result<Vec<serde_json::Value>> {
+        let query = format!("{{service_name=\"{service}\"}}");
+        let v = self.get_json(
+            tenant,
+            "/api/v1/series",
+            &[("query", &query), ("start", start), ("end", end)],
+        )?;
+        match v["series"].as_array() {
+            Some(a) => Ok(a.clone()),
+            None => bail!("/api/v1/series answered without a series list: {v}"),
+        }
+    }
+
     /// A merged profile in folded form: stack → value.
     pub fn folded(
         &self,

@@ -43,6 +43,7 @@
 //! offset; nothing panics.
 
 mod convert;
+pub mod corpus;
 mod labels;
 mod reader;
 

@@ -76,36 +76,20 @@ fn folded_by_labels(n: &Normalized) -> BTreeMap<String, Folded> {
 }
 
 fn recordings() -> Vec<(String, PathBuf)> {
-    let dir = testdata().join("jfr");
-    let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter_map(|p| {
-            let name = p.file_name()?.to_str()?.strip_suffix(".jfr.gz")?.to_owned();
-            Some((name, p))
-        })
-        .collect();
-    v.sort();
-    v
+    crate::corpus::recordings(&testdata()).unwrap_or_else(|e| panic!("the JFR corpus: {e}"))
 }
 
 /// Pyroscope's conversions of `<name>.jfr.gz`: (profile type as in the
 /// file name, label-set hash, expectation) per output file.
 fn expectations(name: &str) -> Vec<(String, String, Folded)> {
-    let dir = testdata().join("pprof/expected/grafana+pyroscope/pkg/og/convert/jfr/testdata");
-    let prefix = format!("{name}.jfr.gz.");
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let p = e.unwrap().path();
-        let f = p.file_name().unwrap().to_str().unwrap().to_owned();
-        if let Some(rest) = f.strip_prefix(&prefix) {
-            let mut parts = rest.split('.');
-            let ty = parts.next().unwrap().to_owned();
-            let hash = parts.next().unwrap().to_owned();
-            out.push((ty, hash, expectation(&p)));
-        }
-    }
-    out
+    crate::corpus::conversions(&testdata(), name)
+        .unwrap_or_else(|e| panic!("the JFR corpus: {e}"))
+        .into_iter()
+        .map(|c| {
+            let folded = expectation(&c.expectation);
+            (c.profile_type, c.labels_hash, folded)
+        })
+        .collect()
 }
 
 fn decode_recording(name: &str, path: &Path) -> Normalized {

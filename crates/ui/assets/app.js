@@ -143,10 +143,10 @@ async function renderChart(s) {
     (x) => x.points.length,
   );
   [start, end] = [Number(both.start), Number(both.end)];
-  drawChart($("chart"), $("legend"), series, start, end, unitOf(s.type), (a, z) =>
+  const marks = drawChart($("chart"), $("legend"), series, start, end, unitOf(s.type), (a, z) =>
     setState({ from: String(a), to: String(z), zoom: "" }), windows,
   );
-  window.fathomChart = series.map((x) => ({ side: x.side, labels: x.labels, points: x.points.length }));
+  window.fathomChart = series.map((x) => ({ side: x.side, labels: x.labels, points: x.points.length, marks }));
 }
 
 function flameParams(s) {

@@ -10,7 +10,8 @@ const COLOURS = ["#3b6fd8", "#d8553b", "#2d9d5a", "#9b4fd0", "#c79a1c", "#1c9cc7
 
 /** Draws `series` ([{labels, points: [[ms, v]], side?: "A" | "B"}]) on
  * `canvas` between `start` and `end` (ms); `windows` ([{from, to, side}])
- * are shaded; `onSelect(fromMs, toMs)` is called after a drag. */
+ * are shaded; `onSelect(fromMs, toMs)` is called after a drag. Returns the
+ * windows' labels as drawn (["A", "B"], or ["A = B"] for one range). */
 export function drawChart(canvas, legend, series, start, end, unit, onSelect, windows = []) {
   const dpr = window.devicePixelRatio || 1;
   const box = canvas.parentElement;
@@ -42,14 +43,25 @@ export function drawChart(canvas, legend, series, start, end, unit, onSelect, wi
     ctx.fillText(formatValue(Math.round(v), unit), 4, y(v) + 4);
   }
   const span = end - start;
+  // Windows: shaded in their side's colour. Identical windows (A and B the
+  // same range, e.g. two label sets over one time range) share one label
+  // "A = B"; labels that would overlap are stacked.
+  const labelled = [];
   for (const w of windows) {
     const a = x(Math.max(w.from, start));
     const b = x(Math.min(w.to, end));
     ctx.fillStyle = w.side === "B" ? "rgba(216,85,59,0.08)" : "rgba(59,111,216,0.08)";
     ctx.fillRect(a, PAD.t, Math.max(b - a, 1), H - PAD.t - PAD.b);
-    ctx.fillStyle = "#666";
-    ctx.fillText(w.side, a + 3, PAD.t + 11);
+    const same = labelled.find((l) => l.from === w.from && l.to === w.to);
+    if (same) {
+      same.text += " = " + w.side;
+      continue;
+    }
+    const row = labelled.filter((l) => Math.abs(l.a - a) < 28).length;
+    labelled.push({ from: w.from, to: w.to, a, row, text: w.side });
   }
+  ctx.fillStyle = "#666";
+  for (const l of labelled) ctx.fillText(l.text, l.a + 3, PAD.t + 11 + 12 * l.row);
   for (let k = 0; k <= 4; k++) {
     const t = start + (span * k) / 4;
     const d = new Date(t);
@@ -99,4 +111,5 @@ export function drawChart(canvas, legend, series, start, end, unit, onSelect, wi
     if (b - a >= 3) onSelect(Math.round(toTime(a)), Math.round(toTime(b)));
     else ctx.putImageData(image, 0, 0);
   };
+  return labelled.map((l) => l.text);
 }

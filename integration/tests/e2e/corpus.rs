@@ -28,19 +28,8 @@ fn key(profile_type: &str) -> String {
 }
 
 fn profile_types(f: &Fathom, service: &str) -> Vec<String> {
-    let v = f
-        .get_json(
-            TENANT,
-            "/api/v1/series",
-            &[
-                ("query", &format!("{{service_name=\"{service}\"}}")),
-                ("start", START),
-                ("end", END),
-            ],
-        )
-        .unwrap();
-    let set: BTreeSet<String> = v["series"]
-        .as_array()
+    let set: BTreeSet<String> = f
+        .series(TENANT, service, START, END)
         .unwrap()
         .iter()
         .map(|s| s["__profile_type__"].as_str().unwrap().to_owned())

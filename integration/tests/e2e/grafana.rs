@@ -1000,7 +1000,7 @@ fn connect_protocol_edges() {
             "text/plain",
             b"hello".to_vec(),
             415,
-            "unimplemented",
+            "invalid_argument",
             "application/proto",
         ),
     ] {

@@ -74,51 +74,24 @@ fn post(f: &Fathom, service: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (
 }
 
 fn series(f: &Fathom, service: &str) -> Vec<serde_json::Value> {
-    let v = f
-        .get_json(
-            TENANT,
-            "/api/v1/series",
-            &[
-                ("query", &format!("{{service_name=\"{service}\"}}")),
-                ("start", START),
-                ("end", END),
-            ],
-        )
-        .unwrap();
-    v["series"].as_array().unwrap().clone()
+    f.series(TENANT, service, START, END).unwrap()
 }
 
 fn recordings() -> Vec<(String, PathBuf)> {
-    let dir = testdata().join("jfr");
-    let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter_map(|p| {
-            let n = p.file_name()?.to_str()?.strip_suffix(".jfr.gz")?.to_owned();
-            Some((n, p))
-        })
-        .collect();
-    v.sort();
-    v
+    fathom_jfr::corpus::recordings(&testdata()).unwrap_or_else(|e| panic!("the JFR corpus: {e}"))
 }
 
-/// Pyroscope's conversions of one recording: (profile type as in the file
-/// name, label-set hash, expectation).
+/// Pyroscope's conversions of `<name>.jfr.gz`: (profile type as in the
+/// file name, label-set hash, expectation) per output file.
 fn expectations(name: &str) -> Vec<(String, String, Folded)> {
-    let dir = testdata().join("pprof/expected/grafana+pyroscope/pkg/og/convert/jfr/testdata");
-    let prefix = format!("{name}.jfr.gz.");
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let p = e.unwrap().path();
-        let f = p.file_name().unwrap().to_str().unwrap().to_owned();
-        if let Some(rest) = f.strip_prefix(&prefix) {
-            let mut parts = rest.split('.');
-            let ty = parts.next().unwrap().to_owned();
-            let hash = parts.next().unwrap().to_owned();
-            out.push((ty, hash, read_expectation(&p).unwrap()));
-        }
-    }
-    out
+    fathom_jfr::corpus::conversions(&testdata(), name)
+        .unwrap_or_else(|e| panic!("the JFR corpus: {e}"))
+        .into_iter()
+        .map(|c| {
+            let folded = read_expectation(&c.expectation).unwrap();
+            (c.profile_type, c.labels_hash, folded)
+        })
+        .collect()
 }
 
 fn ingest_recording(f: &Fathom, service: &str, path: &Path, how: usize) -> String {

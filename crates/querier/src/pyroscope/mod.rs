@@ -24,7 +24,6 @@
 //! request that asks for them is refused with `unimplemented`, never
 //! answered as if it had not.
 
-mod connect;
 mod levels;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -44,13 +43,17 @@ use fathom_proto::pyroscope::querier::v1 as querier;
 use fathom_proto::pyroscope::types::v1 as types;
 use serde_json::json;
 
-use self::connect::{Code, ConnectError, decode, respond};
 pub(crate) use self::levels::{Levels, flamebearer, levels};
 use crate::http::{DEFAULT_MAX_NODES, Range, check_max_nodes, check_range};
 use crate::render::{flamegraph, folded_for_display};
-use crate::{Merged, Querier};
+use crate::{Merged, Querier, QueryError};
+use fathom_api::connect::{ConnectError, decode, respond, timeout};
 
 const SERVICE: &str = "/querier.v1.QuerierService";
+
+/// The largest request body, compressed or not. Query requests are a few
+/// hundred bytes (a selector is at most 16 KiB).
+const MAX_REQUEST_BYTES: usize = 1 << 20;
 
 /// The most matchers a metadata request may carry (each is a lookup).
 const MAX_MATCHERS: usize = 64;
@@ -70,70 +73,43 @@ const RESERVED: [&str; 6] = [
 
 /// The routes, to be merged into the querier's router.
 pub(crate) fn router(q: Querier) -> axum::Router {
-    axum::Router::new()
-        .route(
-            &format!("{SERVICE}/ProfileTypes"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "ProfileTypesRequest", profile_types)
-            }),
-        )
-        .route(
-            &format!("{SERVICE}/LabelNames"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "LabelNamesRequest", label_names)
-            }),
-        )
-        .route(
-            &format!("{SERVICE}/LabelValues"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "LabelValuesRequest", label_values)
-            }),
-        )
-        .route(
-            &format!("{SERVICE}/Series"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "SeriesRequest", series)
-            }),
-        )
-        .route(
-            &format!("{SERVICE}/SelectMergeStacktraces"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(
-                    q,
-                    h,
-                    b,
-                    "SelectMergeStacktracesRequest",
-                    select_merge_stacktraces,
-                )
-            }),
-        )
-        .route(
-            &format!("{SERVICE}/SelectMergeProfile"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "SelectMergeProfileRequest", select_merge_profile)
-            }),
-        )
-        .route(
-            &format!("{SERVICE}/SelectSeries"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "SelectSeriesRequest", select_series)
-            }),
-        )
-        .route(
-            &format!("{SERVICE}/Diff"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "DiffRequest", diff)
-            }),
-        )
-        .route(
-            &format!("{SERVICE}/GetProfileStats"),
-            post(|State(q): State<Querier>, h: HeaderMap, b: Body| {
-                unary(q, h, b, "GetProfileStatsRequest", profile_stats)
-            }),
-        )
-        .route("/pyroscope/render", get(render))
+    let r = rpc(axum::Router::new(), "ProfileTypes", profile_types);
+    let r = rpc(r, "LabelNames", label_names);
+    let r = rpc(r, "LabelValues", label_values);
+    let r = rpc(r, "Series", series);
+    let r = rpc(r, "SelectMergeStacktraces", select_merge_stacktraces);
+    let r = rpc(r, "SelectMergeProfile", select_merge_profile);
+    let r = rpc(r, "SelectSeries", select_series);
+    let r = rpc(r, "Diff", diff);
+    let r = rpc(r, "GetProfileStats", profile_stats);
+    r.route("/pyroscope/render", get(render))
         .route("/pyroscope/render-diff", get(render_diff))
         .with_state(q)
+}
+
+/// Adds `POST {SERVICE}/{method}`, served by `f` through [`unary`]; the
+/// request message's type name names it in errors.
+fn rpc<Req, Resp, F, Fut>(r: axum::Router<Querier>, method: &str, f: F) -> axum::Router<Querier>
+where
+    Req: prost::Message + Default + serde::de::DeserializeOwned + Send + 'static,
+    Resp: prost::Message + serde::Serialize + Send + 'static,
+    F: FnOnce(Querier, TenantId, Req) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, ConnectError>> + Send,
+{
+    let what = std::any::type_name::<Req>()
+        .rsplit("::")
+        .next()
+        .unwrap_or("request");
+    r.route(
+        &format!("{SERVICE}/{method}"),
+        post(move |State(q): State<Querier>, h: HeaderMap, b: Body| unary(q, h, b, what, f)),
+    )
+}
+
+impl From<QueryError> for ConnectError {
+    fn from(e: QueryError) -> Self {
+        ApiError::from(e).into()
+    }
 }
 
 /// One unary Connect call: decode, tenant, deadline, handler, encode.
@@ -151,15 +127,15 @@ where
     Fut: Future<Output = Result<Resp, ConnectError>>,
 {
     let call = async {
-        let (req, codec) = decode::<Req>(&h, body, what).await?;
+        let (req, codec) = decode::<Req>(&h, body, MAX_REQUEST_BYTES, what).await?;
         let tenant = tenant_from_headers(&h)?;
-        let deadline = connect::timeout(&h)?;
+        let deadline = timeout(&h)?;
         let fut = f(q, tenant, req);
         let resp = match deadline {
             None => fut.await?,
             Some(d) => tokio::time::timeout(d, fut).await.map_err(|_| {
                 ConnectError::new(
-                    Code::DeadlineExceeded,
+                    tonic::Code::DeadlineExceeded,
                     format!("the call took longer than its Connect-Timeout-Ms of {d:?}"),
                 )
             })??,
@@ -309,7 +285,7 @@ async fn profile_types(
     for id in ids {
         let pt: ProfileType = id
             .parse()
-            .map_err(|e| ConnectError::new(Code::Internal, format!("stored profile type: {e}")))?;
+            .map_err(|e| ConnectError::internal(format!("stored profile type: {e}")))?;
         profile_types.push(types::ProfileType {
             id,
             name: pt.name,
@@ -523,7 +499,7 @@ fn pprof_message(m: &Merged) -> Result<google::Profile, ConnectError> {
         m.period,
     );
     google::Profile::decode(p.encode_to_vec().as_slice())
-        .map_err(|e| ConnectError::new(Code::Internal, format!("re-reading the pprof: {e}")))
+        .map_err(|e| ConnectError::internal(format!("re-reading the pprof: {e}")))
 }
 
 async fn select_merge_stacktraces(
