@@ -242,8 +242,16 @@ fn tracing_spans_cross_the_roles_and_reach_an_otlp_receiver() {
             .iter()
             .filter(|s| s.trace_id == ingest_trace)
             .collect();
-        services(&ours).contains("fathom-distributor")
+        ["POST /ingest", "distributor_accept"]
+            .iter()
+            .all(|w| ours.iter().any(|s| s.name == *w))
+            && ours.iter().filter(|s| s.name == "replica_write").count() >= 3
             && ours.iter().filter(|s| s.name == "ingester_write").count() >= 3
+            && ours
+                .iter()
+                .filter(|s| s.name == "/fathom.ingester.v1.IngesterService/Write")
+                .count()
+                >= 3
     });
     let ingest: Vec<&Span> = spans
         .iter()
@@ -297,40 +305,33 @@ fn tracing_spans_cross_the_roles_and_reach_an_otlp_receiver() {
 
     // One query, at the querier: heads from the ingesters over Flight.
     let query_trace = "0af7651916cd43dd8448eb211c80319c";
-    let r = http
-        .get(c.querier.url("/api/v1/query"))
-        .header("X-Scope-OrgID", "traced")
-        .header("traceparent", traceparent(query_trace))
-        .query(&[
-            (
-                "query",
-                "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"sample\"}",
-            ),
-            ("start", "1704060000000"),
-            ("end", "1704070000000"),
-            ("format", "folded"),
-        ])
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(!r.text().unwrap().is_empty(), "the query found nothing");
-    let spans = rx.wait_for("the query's ingester spans", |spans| {
-        let ours: Vec<&Span> = spans.iter().filter(|s| s.trace_id == query_trace).collect();
-        let s = services(&ours);
-        s.contains("fathom-querier") && s.contains("fathom-ingester")
-    });
-    let query: Vec<&Span> = spans.iter().filter(|s| s.trace_id == query_trace).collect();
-    let by_id: HashMap<&str, &Span> = query.iter().map(|s| (s.span_id.as_str(), *s)).collect();
-    let names: BTreeSet<&str> = query.iter().map(|s| s.name.as_str()).collect();
-    for want in [
+    query(&c, query_trace);
+    let wanted = [
         "GET /api/v1/query",
         "query_plan",
         "head_read",
         "query_execute",
-    ] {
+        "/arrow.flight.protocol.FlightService/DoGet",
+    ];
+    let spans = rx.wait_for("the query's spans", |spans| {
+        wanted.iter().all(|w| {
+            spans
+                .iter()
+                .any(|s| s.trace_id == query_trace && s.name == *w)
+        })
+    });
+    let query_spans: Vec<&Span> = spans.iter().filter(|s| s.trace_id == query_trace).collect();
+    let by_id: HashMap<&str, &Span> = query_spans
+        .iter()
+        .map(|s| (s.span_id.as_str(), *s))
+        .collect();
+    let names: BTreeSet<&str> = query_spans.iter().map(|s| s.name.as_str()).collect();
+    assert!(services(&query_spans).contains("fathom-querier"));
+    assert!(services(&query_spans).contains("fathom-ingester"));
+    for want in wanted {
         assert!(names.contains(want), "no {want} span in {names:?}");
     }
-    for s in query
+    for s in query_spans
         .iter()
         .filter(|s| s.service.as_deref() == Some("fathom-ingester"))
     {
@@ -342,9 +343,32 @@ fn tracing_spans_cross_the_roles_and_reach_an_otlp_receiver() {
     }
     eprintln!(
         "query: {} spans in one trace from {:?}: {names:?}",
-        query.len(),
-        services(&query)
+        query_spans.len(),
+        services(&query_spans)
     );
+
+    // Heads flushed to blocks (graceful restart): the query's trace now
+    // has the block reads.
+    let mut c = c;
+    c.restart_ingesters(true).unwrap();
+    let block_trace = "5b8efff798038103d269b633813fc60c";
+    query(&c, block_trace);
+    let spans = rx.wait_for("the query's block reads", |spans| {
+        spans
+            .iter()
+            .any(|s| s.trace_id == block_trace && s.name == "block_index_read")
+    });
+    let reads: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.trace_id == block_trace && s.name == "block_index_read")
+        .collect();
+    assert!(
+        reads
+            .iter()
+            .all(|s| s.service.as_deref() == Some("fathom-querier")),
+        "{reads:?}"
+    );
+    eprintln!("query over blocks: {} block index reads", reads.len());
     drop(c);
 
     // Without an endpoint nothing is sent, not even to the OTLP default
@@ -404,6 +428,27 @@ fn tracing_spans_cross_the_roles_and_reach_an_otlp_receiver() {
         !f_log_mentions_export(&quiet.path().join("all")),
         "fathom all logged trace export without an endpoint"
     );
+}
+
+/// The test's query, at the querier, in trace `trace_id`; must find data.
+fn query(c: &Cluster, trace_id: &str) {
+    let r = reqwest::blocking::Client::new()
+        .get(c.querier.url("/api/v1/query"))
+        .header("X-Scope-OrgID", "traced")
+        .header("traceparent", traceparent(trace_id))
+        .query(&[
+            (
+                "query",
+                "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"sample\"}",
+            ),
+            ("start", "1704060000000"),
+            ("end", "1704070000000"),
+            ("format", "folded"),
+        ])
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(!r.text().unwrap().is_empty(), "the query found nothing");
 }
 
 fn f_log_mentions_export(data_dir: &Path) -> bool {
