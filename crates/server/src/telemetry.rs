@@ -85,10 +85,10 @@ impl Telemetry {
     /// Exports what is queued (bounded by [`EXPORT_TIMEOUT`]) and stops the
     /// exporter. Blocks: call it from a blocking context or at the end.
     pub fn shutdown(self) {
-        if let Some(p) = self.provider {
-            if let Err(e) = p.shutdown_with_timeout(EXPORT_TIMEOUT) {
-                tracing::warn!(error = %e, "flushing traces at shutdown failed");
-            }
+        if let Some(p) = self.provider
+            && let Err(e) = p.shutdown_with_timeout(EXPORT_TIMEOUT)
+        {
+            tracing::warn!(error = %e, "flushing traces at shutdown failed");
         }
     }
 }
