@@ -170,7 +170,7 @@ impl Distributor {
     #[tracing::instrument(
         name = "distributor_accept",
         skip_all,
-        fields(tenant = %batch.tenant, profiles = batch.profiles.len(), samples = tracing::field::Empty)
+        fields(tenant = %batch.tenant, profiles = batch.profiles.len() as i64, samples = tracing::field::Empty)
     )]
     pub async fn accept(
         &self,
@@ -195,7 +195,7 @@ impl Distributor {
         }
         let profiles = batch.profiles.len();
         let samples = batch.sample_count();
-        tracing::Span::current().record("samples", samples);
+        tracing::Span::current().record("samples", samples as i64);
         if profiles == 0 {
             return Ok((0, 0));
         }

@@ -214,7 +214,7 @@ impl IngesterWriter for ReplicatedWriter {
             let targets = replicas(&live, &key, rf);
             let req = WriteRequest::from(&group);
             let group_tenant = group.tenant.clone();
-            let group_profiles = group.profiles.len();
+            let group_profiles = group.profiles.len() as i64;
             async move {
                 let sends = targets.iter().map(|t| {
                     let req = req.clone();

@@ -33,13 +33,13 @@ impl IngesterService for WriteServer {
         let span = tracing::info_span!(
             "ingester_write",
             tenant = %batch.tenant,
-            profiles = batch.profiles.len(),
-            samples = batch.sample_count(),
+            profiles = batch.profiles.len() as i64,
+            samples = batch.sample_count() as i64,
             rows = tracing::field::Empty,
         );
         match self.0.write(&batch).instrument(span.clone()).await {
             Ok(rows) => {
-                span.record("rows", rows);
+                span.record("rows", rows as i64);
                 Ok(Response::new(WriteResponse {}))
             }
             Err(e @ Error::ShuttingDown) => Err(Status::unavailable(e.to_string())),

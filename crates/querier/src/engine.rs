@@ -151,8 +151,8 @@ impl Querier {
         inner.metrics.cache_misses.inc();
         let series = fathom_block::read_series(inner.store.as_ref(), meta).await?;
         let profiles = fathom_block::read_profiles(inner.store.as_ref(), meta).await?;
-        span.record("series", series.len());
-        span.record("profiles", profiles.len());
+        span.record("series", series.len() as i64);
+        span.record("profiles", profiles.len() as i64);
         let info = Arc::new(BlockInfo { series, profiles });
         inner.block_info.lock().put(meta.id.clone(), info.clone());
         Ok(info)
@@ -186,8 +186,8 @@ impl Querier {
         let heads = self.inner.head.snapshot(tenant, start, end).await?;
         let blocks = self.inner.index.blocks(tenant.as_str(), start, end).await?;
         let span = tracing::Span::current();
-        span.record("heads", heads.len());
-        span.record("blocks", blocks.len());
+        span.record("heads", heads.len() as i64);
+        span.record("blocks", blocks.len() as i64);
         let mut plan = Plan {
             series: HashMap::new(),
             sources: Vec::new(),
@@ -251,7 +251,7 @@ impl Querier {
                 &info.profiles,
             );
         }
-        span.record("profiles", plan.profiles);
+        span.record("profiles", plan.profiles as i64);
         Ok(plan)
     }
 

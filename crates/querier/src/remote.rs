@@ -92,10 +92,10 @@ impl FlightHeads {
         }
         let meta = meta.ok_or_else(|| format!("{}: no schema message", to.id))?;
         let span = tracing::Span::current();
-        span.record("batches", batches.len());
+        span.record("batches", batches.len() as i64);
         span.record(
             "rows",
-            batches.iter().map(RecordBatch::num_rows).sum::<usize>(),
+            batches.iter().map(RecordBatch::num_rows).sum::<usize>() as i64,
         );
         Ok((meta, batches))
     }

@@ -197,11 +197,11 @@ fn traceparent(trace_id: &str) -> String {
     format!("00-{trace_id}-00f067aa0ba902b7-01")
 }
 
-/// A count attribute: tracing-opentelemetry sends u64 fields as strings.
+/// A count attribute, sent as an OTLP int (tracing-opentelemetry would send
+/// a `usize` field as a string: the spans record counts as i64).
 fn count(v: &serde_json::Value) -> i64 {
     v.as_i64()
-        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-        .unwrap_or_else(|| panic!("not a count: {v}"))
+        .unwrap_or_else(|| panic!("not an int attribute: {v}"))
 }
 
 fn services(spans: &[&Span]) -> BTreeSet<String> {
