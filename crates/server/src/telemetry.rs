@@ -49,20 +49,25 @@ impl OtlpConfig {
     /// else `OTEL_EXPORTER_OTLP_ENDPOINT` (empty values count as unset).
     pub fn from_flag_or_env(flag: Option<String>, service_name: String) -> Option<OtlpConfig> {
         let env = |k: &str| std::env::var(k).ok();
-        [
+        pick_endpoint([
             flag,
             env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
             env("OTEL_EXPORTER_OTLP_ENDPOINT"),
-        ]
-        .into_iter()
-        .flatten()
-        .map(|e| e.trim().to_owned())
-        .find(|e| !e.is_empty())
+        ])
         .map(|endpoint| OtlpConfig {
             endpoint,
             service_name,
         })
     }
+}
+
+/// The first set, non-empty endpoint, in order of precedence.
+fn pick_endpoint(candidates: [Option<String>; 3]) -> Option<String> {
+    candidates
+        .into_iter()
+        .flatten()
+        .map(|e| e.trim().to_owned())
+        .find(|e| !e.is_empty())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,10 +189,13 @@ impl<E> WarnOnce<E> {
         }
     }
 
-    fn note(&self, r: &OTelSdkResult, spans: usize) {
+    /// Logs a failure after a success (or the first), and a success after
+    /// a failure; returns whether it logged.
+    fn note(&self, r: &OTelSdkResult, spans: usize) -> bool {
         match r {
             Err(e) => {
-                if !self.failing.swap(true, Ordering::Relaxed) {
+                let first = !self.failing.swap(true, Ordering::Relaxed);
+                if first {
                     tracing::warn!(
                         endpoint = %self.endpoint,
                         error = %e,
@@ -196,11 +204,14 @@ impl<E> WarnOnce<E> {
                          (logged once until then)"
                     );
                 }
+                first
             }
             Ok(()) => {
-                if self.failing.swap(false, Ordering::Relaxed) {
+                let recovered = self.failing.swap(false, Ordering::Relaxed);
+                if recovered {
                     tracing::info!(endpoint = %self.endpoint, "exporting traces again");
                 }
+                recovered
             }
         }
     }
@@ -257,11 +268,59 @@ pub(crate) async fn trace_request(
         otel.kind = "server",
         http.request.method = %req.method(),
         url.path = %path,
-        rpc.system = if grpc { "grpc" } else { "" },
+        rpc.system = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
     );
+    if grpc {
+        span.record("rpc.system", "grpc");
+    }
     fathom_api::trace_context::set_parent_from(&span, req.headers());
     let resp = next.run(req).instrument(span.clone()).await;
     span.record("http.response.status_code", resp.status().as_u16());
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_precedence_flag_then_traces_env_then_env() {
+        let s = |v: &str| Some(v.to_owned());
+        assert_eq!(
+            pick_endpoint([
+                s("http://flag:4317"),
+                s("http://t:4317"),
+                s("http://e:4317")
+            ]),
+            s("http://flag:4317")
+        );
+        assert_eq!(
+            pick_endpoint([None, s("http://t:4317"), s("http://e:4317")]),
+            s("http://t:4317")
+        );
+        // Empty counts as unset: compose passes `${FATHOM_OTLP_ENDPOINT:-}`.
+        assert_eq!(
+            pick_endpoint([s(""), s(" "), s("http://e:4317")]),
+            s("http://e:4317")
+        );
+        assert_eq!(pick_endpoint([None, s(""), None]), None);
+    }
+
+    #[test]
+    fn export_failures_are_logged_once_per_outage() {
+        let w = WarnOnce::new((), "http://x:4317".into());
+        let fail = || -> OTelSdkResult {
+            Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                "refused".into(),
+            ))
+        };
+        assert!(!w.note(&Ok(()), 1), "a success after successes is quiet");
+        assert!(w.note(&fail(), 1), "the first failure is logged");
+        for _ in 0..100 {
+            assert!(!w.note(&fail(), 1), "later failures are not");
+        }
+        assert!(w.note(&Ok(()), 1), "the recovery is logged");
+        assert!(w.note(&fail(), 1), "the next outage is logged again");
+    }
 }
