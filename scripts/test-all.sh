@@ -55,6 +55,12 @@ if ! "$otlp_venv/bin/python" -c 'import opentelemetry.sdk.extension.profiling' 2
   make_venv "$otlp_venv"
   "$otlp_venv/bin/pip" install -q 'opentelemetry-sdk-extension-profiling==0.63b4'
 fi
+# The OTLP trace receiver of the tracing e2e test (grpcio and
+# opentelemetry-proto; the SDK above usually brings both), in the same venv.
+if ! "$otlp_venv/bin/python" -c 'import grpc, opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc' 2>/dev/null; then
+  echo "installing grpcio and opentelemetry-proto into $otlp_venv"
+  "$otlp_venv/bin/pip" install -q grpcio opentelemetry-proto
+fi
 # Grafana's Connect client (connectrpc) and its code generators, in a venv of
 # their own under the target directory: their protobuf runtime must not meet
 # the pinned SDKs' (the Grafana e2e test looks for it there).

@@ -22,6 +22,13 @@ struct Cli {
     /// Log format.
     #[arg(long, env = "FATHOM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
+    /// OTLP/gRPC endpoint (e.g. `http://collector:4317`) to export this
+    /// process's traces to, as `service.name` `fathom-<role>`. Unset: the
+    /// standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, then
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; none of them: no tracing export at all.
+    /// Not used by `fathom agent`.
+    #[arg(long, env = "FATHOM_OTLP_TRACES_ENDPOINT", global = true)]
+    otlp_traces_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -304,8 +311,35 @@ async fn main() -> anyhow::Result<()> {
     if !matches!(cli.command, Command::Agent(_)) {
         alloc::use_mimalloc();
     }
-    fathom_agent::init_logging(matches!(cli.log_format, LogFormat::Json));
-    match cli.command {
+    let json = matches!(cli.log_format, LogFormat::Json);
+    let role = match &cli.command {
+        Command::Agent(args) => {
+            fathom_agent::init_logging(json);
+            return fathom_agent::run_until_signal(args.clone())
+                .await
+                .context("fathom agent");
+        }
+        Command::All(_) => "all",
+        Command::Metastore(_) => "metastore",
+        Command::Ingester(_) => "ingester",
+        Command::Distributor(_) => "distributor",
+        Command::Querier(_) => "querier",
+        Command::Compactor(_) => "compactor",
+    };
+    let otlp = fathom_server::telemetry::OtlpConfig::from_flag_or_env(
+        cli.otlp_traces_endpoint.clone(),
+        format!("fathom-{role}"),
+    );
+    let telemetry = fathom_server::telemetry::init(json, fathom_agent::DEFAULT_LOG_FILTER, otlp)
+        .context("starting trace export")?;
+    let result = run(cli.command).await;
+    // Flush the queued spans (blocking, bounded in time).
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    result
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::All(a) => {
             let cfg = a.config();
             tracing::info!(

@@ -65,6 +65,11 @@ impl Proc {
             .arg("--listen")
             .arg(self.addr())
             .env("RUST_LOG", "info")
+            // Traces go where the test says (ClusterOptions::all_args), not
+            // where the caller's environment points.
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("FATHOM_OTLP_TRACES_ENDPOINT")
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()
@@ -161,6 +166,9 @@ pub struct ClusterOptions {
     pub compaction_interval: Duration,
     /// Ingesters cut blocks this often.
     pub flush_interval: Duration,
+    /// Extra flags of every process, metastores included (e.g.
+    /// `--otlp-traces-endpoint`).
+    pub all_args: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -170,6 +178,7 @@ impl Default for ClusterOptions {
             member_timeout: Duration::from_secs(6),
             compaction_interval: Duration::from_secs(3600),
             flush_interval: Duration::from_secs(3600),
+            all_args: Vec::new(),
         }
     }
 }
@@ -206,6 +215,7 @@ impl Cluster {
             args.extend(s(&["--peers", &peers, "--member-timeout", &member_timeout]));
             args.push("--data-dir".into());
             args.push(dir.join(&name).display().to_string());
+            args.extend(opts.all_args.clone());
             metastores.push(Proc::spawn(&name, *p, args, log(&name))?);
         }
         let bucket = dir.join("bucket");
@@ -224,6 +234,7 @@ impl Cluster {
                 args.push(dir.join(name).display().to_string());
             }
             args.extend(s(extra));
+            args.extend(opts.all_args.clone());
             Proc::spawn(name, free_port(), args, log(name))
         };
         let mut ingesters = Vec::new();

@@ -114,6 +114,14 @@ impl Fathom {
             Some(l) => cmd.env("RUST_LOG", l),
             None => cmd.env_remove("RUST_LOG"),
         };
+        // Traces only where the test's flags say.
+        for k in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "FATHOM_OTLP_TRACES_ENDPOINT",
+        ] {
+            cmd.env_remove(k);
+        }
         let child = cmd
             .arg("all")
             .arg("--listen")

@@ -9,6 +9,7 @@
 
 pub mod cluster;
 pub mod connect;
+pub mod trace_context;
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};

@@ -167,6 +167,11 @@ impl Distributor {
 
     /// Checks every profile's labels and sample count, fills a missing
     /// time with `now`, and writes the batch.
+    #[tracing::instrument(
+        name = "distributor_accept",
+        skip_all,
+        fields(tenant = %batch.tenant, profiles = batch.profiles.len() as i64, samples = tracing::field::Empty)
+    )]
     pub async fn accept(
         &self,
         mut batch: IngestBatch,
@@ -190,6 +195,7 @@ impl Distributor {
         }
         let profiles = batch.profiles.len();
         let samples = batch.sample_count();
+        tracing::Span::current().record("samples", samples as i64);
         if profiles == 0 {
             return Ok((0, 0));
         }

@@ -29,6 +29,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use rendezvous_hash::{KeyValueNode, NodeHasher, RendezvousNodes};
+use tracing::Instrument;
 
 use crate::{IngesterWriter, WriteError};
 
@@ -103,6 +104,8 @@ impl GrpcReplicas {
 impl ReplicaClient for GrpcReplicas {
     async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), String> {
         let ch = self.0.get(&to.addr)?;
+        let mut req = tonic::Request::new(req);
+        fathom_api::trace_context::inject(&mut req);
         IngesterServiceClient::new(ch)
             .max_encoding_message_size(64 << 20)
             .write(req)
@@ -210,10 +213,19 @@ impl IngesterWriter for ReplicatedWriter {
         let writes = groups(batch).into_iter().map(|(key, group)| {
             let targets = replicas(&live, &key, rf);
             let req = WriteRequest::from(&group);
+            let group_tenant = group.tenant.clone();
+            let group_profiles = group.profiles.len() as i64;
             async move {
                 let sends = targets.iter().map(|t| {
                     let req = req.clone();
-                    async move { (t, self.client.write(t, req).await) }
+                    let span = tracing::info_span!(
+                        "replica_write",
+                        ingester = %t.id,
+                        tenant = %group_tenant,
+                        profiles = group_profiles,
+                        otel.kind = "client",
+                    );
+                    async move { (t, self.client.write(t, req).await) }.instrument(span)
                 });
                 let results = futures::future::join_all(sends).await;
                 let mut ok = 0;

@@ -3,6 +3,7 @@
 //! head, exactly as in-process writes.
 
 use std::sync::Arc;
+use tracing::Instrument;
 
 use fathom_model::IngestBatch;
 use fathom_proto::ingester::ingester_service_server::{IngesterService, IngesterServiceServer};
@@ -29,8 +30,18 @@ impl IngesterService for WriteServer {
     ) -> Result<Response<WriteResponse>, Status> {
         let batch = IngestBatch::try_from(request.into_inner())
             .map_err(|e| Status::invalid_argument(format!("write request: {e}")))?;
-        match self.0.write(&batch).await {
-            Ok(_) => Ok(Response::new(WriteResponse {})),
+        let span = tracing::info_span!(
+            "ingester_write",
+            tenant = %batch.tenant,
+            profiles = batch.profiles.len() as i64,
+            samples = batch.sample_count() as i64,
+            rows = tracing::field::Empty,
+        );
+        match self.0.write(&batch).instrument(span.clone()).await {
+            Ok(rows) => {
+                span.record("rows", rows as i64);
+                Ok(Response::new(WriteResponse {}))
+            }
             Err(e @ Error::ShuttingDown) => Err(Status::unavailable(e.to_string())),
             Err(e) => Err(Status::unavailable(format!("ingester: {e}"))),
         }

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use tracing::Instrument;
 
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
 use arrow::datatypes::Int64Type;
@@ -137,26 +138,35 @@ impl Plan {
 }
 
 impl Querier {
+    #[tracing::instrument(name = "block_index_read", skip_all, fields(block = %meta.id, cached, series, profiles))]
     async fn block_info(&self, meta: &BlockMeta) -> Result<Arc<BlockInfo>, QueryError> {
         let inner = &self.inner;
+        let span = tracing::Span::current();
         if let Some(b) = inner.block_info.lock().get(&meta.id) {
             inner.metrics.cache_hits.inc();
+            span.record("cached", true);
             return Ok(b);
         }
+        span.record("cached", false);
         inner.metrics.cache_misses.inc();
         let series = fathom_block::read_series(inner.store.as_ref(), meta).await?;
         let profiles = fathom_block::read_profiles(inner.store.as_ref(), meta).await?;
+        span.record("series", series.len() as i64);
+        span.record("profiles", profiles.len() as i64);
         let info = Arc::new(BlockInfo { series, profiles });
         inner.block_info.lock().put(meta.id.clone(), info.clone());
         Ok(info)
     }
 
+    #[tracing::instrument(name = "block_symbols_read", skip_all, fields(block = %meta.id, cached))]
     async fn block_symbols(&self, meta: &BlockMeta) -> Result<Arc<Symbols>, QueryError> {
         let inner = &self.inner;
         if let Some(b) = inner.block_symbols.lock().get(&meta.id) {
             inner.metrics.cache_hits.inc();
+            tracing::Span::current().record("cached", true);
             return Ok(b);
         }
+        tracing::Span::current().record("cached", false);
         inner.metrics.cache_misses.inc();
         let s = Arc::new(fathom_block::read_symbols(inner.store.as_ref(), meta).await?);
         inner.block_symbols.lock().put(meta.id.clone(), s.clone());
@@ -165,6 +175,7 @@ impl Querier {
 
     /// Heads first, then the index: a profile that moves from a head into a
     /// block in between is then seen twice (and deduplicated), never zero times.
+    #[tracing::instrument(name = "query_plan", skip_all, fields(%tenant, start, end, heads, blocks, profiles))]
     pub(crate) async fn plan(
         &self,
         tenant: &TenantId,
@@ -174,6 +185,9 @@ impl Querier {
     ) -> Result<Plan, QueryError> {
         let heads = self.inner.head.snapshot(tenant, start, end).await?;
         let blocks = self.inner.index.blocks(tenant.as_str(), start, end).await?;
+        let span = tracing::Span::current();
+        span.record("heads", heads.len() as i64);
+        span.record("blocks", blocks.len() as i64);
         let mut plan = Plan {
             series: HashMap::new(),
             sources: Vec::new(),
@@ -237,6 +251,7 @@ impl Querier {
                 &info.profiles,
             );
         }
+        span.record("profiles", plan.profiles as i64);
         Ok(plan)
     }
 
@@ -299,7 +314,7 @@ impl Querier {
         let r = self
             .inner
             .exec
-            .run(f)
+            .run(f.instrument(tracing::info_span!("query_execute")))
             .await
             .map_err(|e| QueryError::Task(e.to_string()))?;
         self.inner

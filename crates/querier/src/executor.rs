@@ -5,6 +5,7 @@
 use std::future::Future;
 
 use tokio::runtime::Handle;
+use tracing::Instrument;
 
 /// A handle to a multi-threaded runtime that lives on its own threads.
 #[derive(Clone)]
@@ -34,7 +35,9 @@ impl Executor {
         F: Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        self.handle.spawn(fut).await
+        // The caller's span goes along, so that a query's work on this
+        // runtime stays in the query's trace.
+        self.handle.spawn(fut.in_current_span()).await
     }
 
     /// Starts `fut` on the dedicated runtime without waiting for it.
@@ -42,6 +45,6 @@ impl Executor {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.handle.spawn(fut);
+        self.handle.spawn(fut.in_current_span());
     }
 }

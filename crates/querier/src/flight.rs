@@ -734,6 +734,16 @@ pub(crate) enum HeadTicket {
     HeadSymbols { stacks: Vec<String> },
 }
 
+impl HeadTicket {
+    /// For spans: which read this is.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            HeadTicket::Head { .. } => "head",
+            HeadTicket::HeadSymbols { .. } => "head_symbols",
+        }
+    }
+}
+
 /// The series and profiles of a head read, in the app metadata.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct HeadMeta {

@@ -49,6 +49,11 @@ impl FlightHeads {
 
     /// One ticket to one ingester: the first message's app metadata and
     /// the batches.
+    #[tracing::instrument(
+        name = "head_read",
+        skip_all,
+        fields(ingester = %to.id, %tenant, kind = ticket.kind(), batches, rows, otel.kind = "client")
+    )]
     async fn fetch(
         &self,
         to: &IngesterAddr,
@@ -68,6 +73,7 @@ impl FlightHeads {
                 .parse()
                 .map_err(|_| "tenant is not a valid header value".to_owned())?,
         );
+        fathom_api::trace_context::inject(&mut req);
         let stream = client
             .do_get(req)
             .await
@@ -85,6 +91,12 @@ impl FlightHeads {
             }
         }
         let meta = meta.ok_or_else(|| format!("{}: no schema message", to.id))?;
+        let span = tracing::Span::current();
+        span.record("batches", batches.len() as i64);
+        span.record(
+            "rows",
+            batches.iter().map(RecordBatch::num_rows).sum::<usize>() as i64,
+        );
         Ok((meta, batches))
     }
 

@@ -27,6 +27,7 @@ mod cluster;
 mod explain;
 mod roles;
 mod store;
+pub mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -326,6 +327,7 @@ pub async fn serve(
         &axum::middleware::from_fn(explain::json_errors),
         app,
     ));
+    let app = app.layer(axum::middleware::from_fn(telemetry::trace_request));
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| Error::Io {

@@ -17,4 +17,5 @@ mod push_v1;
 mod pyroscope_client;
 mod speedscope;
 mod startup;
+mod tracing;
 mod ui;
