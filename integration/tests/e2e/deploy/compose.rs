@@ -7,10 +7,10 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fathom_integration::loadgen::Ack;
-use fathom_integration::{free_port, parse_folded, testdata};
+use fathom_integration::{free_port, testdata};
 
 use super::{TAG, deploy_dir, docker_lock, images, require_docker, run};
-use crate::cluster::{BASE_S, CPU, FILES, check_acked};
+use crate::cluster::{BASE_S, CPU, FILES, check_acked, folded_query};
 
 /// The agent's `node` label in this cluster.
 const NODE: &str = "compose-e2e";
@@ -143,25 +143,8 @@ fn now_ms() -> i64 {
 /// Total CPU of the agent's profiles of this host between `from` and
 /// `until` (unix ms), and how many stacks.
 fn agent_cpu(querier: &str, from: i64, until: i64) -> Result<(i64, usize), String> {
-    let r = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-        .get(format!("{querier}/api/v1/query"))
-        .query(&[
-            ("query", format!("{CPU}{{node=\"{NODE}\"}}")),
-            ("start", from.to_string()),
-            ("end", until.to_string()),
-            ("format", "folded".into()),
-        ])
-        .send()
-        .map_err(|e| e.to_string())?;
-    let status = r.status();
-    let text = r.text().map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("{status}: {text}"));
-    }
-    let stacks = parse_folded(&text).map_err(|e| e.to_string())?;
+    let query = format!("{CPU}{{node=\"{NODE}\"}}");
+    let stacks = folded_query(querier, None, &query, &from.to_string(), &until.to_string())?;
     Ok((stacks.values().sum(), stacks.len()))
 }
 
