@@ -706,3 +706,123 @@ fn bad_push_v1_input_is_refused_whole() {
     assert!(series_count(&f, bad) > 0);
     assert!(!f.log().contains("panicked"), "{}", f.log());
 }
+
+/// On the cluster's roles, the same port as `fathom all`: push.v1 to one
+/// distributor, JFR to the other, and Pyroscope's querier API (what
+/// Grafana calls) on the querier answering like its own HTTP API.
+#[test]
+fn push_v1_jfr_and_grafana_on_cluster_roles() {
+    use fathom_integration::cluster::{Cluster, ClusterOptions};
+    use fathom_proto::pyroscope::querier::v1::{
+        SelectMergeStacktracesRequest, SelectMergeStacktracesResponse,
+    };
+    use fathom_proto::pyroscope::types::v1::{LabelValuesRequest, LabelValuesResponse};
+
+    const TENANT: &str = "roles";
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), &ClusterOptions::default()).unwrap();
+    let http = reqwest::blocking::Client::new();
+    let post = |url: String, ct: &str, body: Vec<u8>| {
+        let r = http
+            .post(url)
+            .header("Content-Type", ct)
+            .header("X-Scope-OrgID", TENANT)
+            .body(body)
+            .send()
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.bytes().unwrap().to_vec())
+    };
+
+    let req = push_request("pv1-roles", vec![(go_cpu(), "roles-1")]);
+    let (s, b) = post(
+        c.distributors[0].url(PATH),
+        "application/proto",
+        req.encode_to_vec(),
+    );
+    assert_eq!(s, 200, "push.v1: {}", String::from_utf8_lossy(&b));
+
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (_, jfr) = fathom_jfr::corpus::recordings(&fathom_integration::testdata())
+        .unwrap()
+        .into_iter()
+        .next()
+        .expect("a JFR recording in the corpus");
+    let last = c.distributors[c.distributors.len() - 1].url("/ingest");
+    let r = http
+        .post(last)
+        .query(&[
+            ("name", "jfr-roles"),
+            ("format", "jfr"),
+            ("from", &(now_s - 10).to_string()),
+            ("until", &now_s.to_string()),
+        ])
+        .header("X-Scope-OrgID", TENANT)
+        .body(std::fs::read(&jfr).unwrap())
+        .send()
+        .unwrap();
+    let s = r.status().as_u16();
+    assert_eq!(s, 200, "JFR: {}", r.text().unwrap());
+
+    // Fathom's HTTP API on the querier: the push.v1 profile's total.
+    let q = format!("{CPU}{{service_name=\"pv1-roles\"}}");
+    let v: serde_json::Value = http
+        .get(c.querier.url("/api/v1/query"))
+        .header("X-Scope-OrgID", TENANT)
+        .query(&[
+            ("query", q.as_str()),
+            ("format", "top"),
+            ("start", "now-1h"),
+        ])
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let total = v["total"].as_i64().unwrap_or(0);
+    assert!(total > 0, "{v}");
+
+    // Pyroscope's API on the same querier port.
+    let now_ms = i64::try_from(now_s).unwrap() * 1000;
+    let (start, end) = (now_ms - 3_600_000, now_ms + 60_000);
+    let req = LabelValuesRequest {
+        name: "service_name".into(),
+        matchers: vec![],
+        start,
+        end,
+    };
+    let (s, b) = post(
+        c.querier.url("/querier.v1.QuerierService/LabelValues"),
+        "application/proto",
+        req.encode_to_vec(),
+    );
+    assert_eq!(s, 200, "LabelValues: {}", String::from_utf8_lossy(&b));
+    let names = LabelValuesResponse::decode(b.as_slice()).unwrap().names;
+    assert_eq!(names, ["jfr-roles", "pv1-roles"]);
+    let req = SelectMergeStacktracesRequest {
+        profile_type_id: CPU.into(),
+        label_selector: "{service_name=\"pv1-roles\"}".into(),
+        start,
+        end,
+        ..Default::default()
+    };
+    let (s, b) = post(
+        c.querier
+            .url("/querier.v1.QuerierService/SelectMergeStacktraces"),
+        "application/proto",
+        req.encode_to_vec(),
+    );
+    assert_eq!(
+        s,
+        200,
+        "SelectMergeStacktraces: {}",
+        String::from_utf8_lossy(&b)
+    );
+    let fg = SelectMergeStacktracesResponse::decode(b.as_slice())
+        .unwrap()
+        .flamegraph
+        .expect("a flame graph");
+    assert_eq!(fg.total, total, "the Grafana API and the HTTP API disagree");
+}
