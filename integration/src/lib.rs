@@ -48,6 +48,27 @@ pub fn fathom_bin() -> PathBuf {
     target.join("debug").join("fathom")
 }
 
+/// Runs `python3 -c script args...`; panics with its stderr when it
+/// fails; returns its stdout.
+pub fn python3_script<I, S>(script: &str, args: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running python3: {e}"));
+    assert!(
+        out.status.success(),
+        "python3 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

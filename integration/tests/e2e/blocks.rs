@@ -70,17 +70,8 @@ fn flushed_blocks_open_with_pyarrow() {
         .values()
         .sum::<i64>();
     f.stop().unwrap(); // flushes the head into a block
-    let out = Command::new("python3")
-        .args(["-c", SCRIPT])
-        .arg(dir.path().join("store"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = fathom_integration::python3_script(SCRIPT, [dir.path().join("store")]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["blocks"], 1, "{v}");
     assert_eq!(
         v["columns"],

@@ -254,16 +254,8 @@ fn sql_time_predicates_are_pushed_down() {
              c = conn.cursor()\nc.execute(\"{sql}\")\nprint(c.fetchall()[0][0])\nc.close()\nconn.close()",
             grpc_uri(&f)
         );
-        let out = Command::new("python3")
-            .args(["-c", &script])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        let out = fathom_integration::python3_script(&script, std::iter::empty::<&str>());
+        String::from_utf8_lossy(&out).trim().parse().unwrap()
     };
     let scanned = || {
         f.metric("fathom_querier_sql_scanned_sources_total")

@@ -49,20 +49,10 @@ for f in sys.argv[1:]:
         vct = bool(d.get("spec", {}).get("volumeClaimTemplates"))
         print(d["kind"] + "/" + d["metadata"]["name"] + (" vct" if vct else ""))
 "#;
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .args(files)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = fathom_integration::python3_script(script, files);
     let mut all = BTreeSet::new();
     let mut with_volumes = BTreeSet::new();
-    for l in String::from_utf8(out.stdout).unwrap().lines() {
+    for l in String::from_utf8(out).unwrap().lines() {
         let (k, vct) = l
             .strip_suffix(" vct")
             .map(|k| (k, true))
