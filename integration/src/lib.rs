@@ -48,6 +48,42 @@ pub fn fathom_bin() -> PathBuf {
     target.join("debug").join("fathom")
 }
 
+/// `type/unit` of a profile type (`name:type:unit:period_type:period_unit`):
+/// how `go tool pprof` expectations name a sample type.
+pub fn sample_type_key(profile_type: &str) -> String {
+    let p: Vec<&str> = profile_type.split(':').collect();
+    match (p.get(1), p.get(2)) {
+        (Some(t), Some(u)) => format!("{t}/{u}"),
+        _ => profile_type.to_owned(),
+    }
+}
+
+/// `None` when two folded profiles are equal; otherwise a message naming
+/// `what`, the stack counts and a few stacks that differ on each side.
+pub fn folded_differs(
+    what: &str,
+    got: &BTreeMap<String, i64>,
+    want: &BTreeMap<String, i64>,
+) -> Option<String> {
+    if got == want {
+        return None;
+    }
+    let differ = |a: &BTreeMap<String, i64>, b: &BTreeMap<String, i64>| -> Vec<String> {
+        a.iter()
+            .filter(|(s, v)| b.get(*s) != Some(v))
+            .take(3)
+            .map(|(s, v)| format!("{s} {v}"))
+            .collect()
+    };
+    Some(format!(
+        "{what}: {} stacks vs {} expected; got-only {:?}; expected-only {:?}",
+        got.len(),
+        want.len(),
+        differ(got, want),
+        differ(want, got)
+    ))
+}
+
 /// Runs `python3 -c script args...`; panics with its stderr when it
 /// fails; returns its stdout.
 pub fn python3_script<I, S>(script: &str, args: I) -> Vec<u8>

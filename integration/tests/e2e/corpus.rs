@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fathom_integration::{CorpusFile, Fathom, corpus, read_expectation};
+use fathom_integration::{
+    CorpusFile, Fathom, corpus, folded_differs, read_expectation, sample_type_key,
+};
 
 const TENANT: Option<&str> = Some("corpus");
 /// A fixed time for every ingested profile: 2024-01-01T00:00:00Z.
@@ -22,11 +24,6 @@ fn with_expectation() -> Vec<CorpusFile> {
 
 /// The sample-type key of expectation files (`cpu/nanoseconds`) for a
 /// profile type string.
-fn key(profile_type: &str) -> String {
-    let p: Vec<&str> = profile_type.split(':').collect();
-    format!("{}/{}", p[1], p[2])
-}
-
 fn profile_types(f: &Fathom, service: &str) -> Vec<String> {
     let set: BTreeSet<String> = f
         .series(TENANT, service, START, END)
@@ -56,25 +53,11 @@ fn compare(
                 END,
             )
             .unwrap();
-        let k = key(t);
+        let k = sample_type_key(t);
         let empty = BTreeMap::new();
         let want = expected.get(&k).unwrap_or(&empty);
-        if &got != want {
-            let only_got: Vec<_> = got
-                .iter()
-                .filter(|(s, v)| want.get(*s) != Some(v))
-                .take(3)
-                .collect();
-            let only_want: Vec<_> = want
-                .iter()
-                .filter(|(s, v)| got.get(*s) != Some(v))
-                .take(3)
-                .collect();
-            errs.push(format!(
-                "{service} {t}: {} stacks vs {} expected; got-only {only_got:?}; expected-only {only_want:?}",
-                got.len(),
-                want.len()
-            ));
+        if let Some(e) = folded_differs(&format!("{service} {t}"), &got, want) {
+            errs.push(e);
         }
         seen.insert(k);
     }
@@ -103,7 +86,7 @@ fn reference(c: &CorpusFile) -> BTreeMap<String, BTreeMap<String, i64>> {
     let n = fathom_pprof::normalize(&p, &Default::default()).unwrap();
     let mut out: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     for prof in &n.profiles {
-        let k = key(&prof.profile_type.to_string());
+        let k = sample_type_key(&prof.profile_type.to_string());
         for s in &prof.samples {
             let stack = n
                 .symbols
@@ -220,7 +203,10 @@ fn ten_consecutive_profiles_merge_to_the_sum_of_their_expectations() {
         .flat_map(|s| s["points"].as_array().unwrap().iter())
         .map(|p| p[1].as_i64().unwrap())
         .sum();
-    let want: i64 = sum.get(&key(t)).map(|m| m.values().sum()).unwrap_or(0);
+    let want: i64 = sum
+        .get(&sample_type_key(t))
+        .map(|m| m.values().sum())
+        .unwrap_or(0);
     assert_eq!(points, want);
     let npoints: usize = series
         .iter()
@@ -369,7 +355,7 @@ fn ten_consecutive_profiles_merge_to_the_sum_of_their_expectations() {
         )
         .unwrap();
     assert_eq!(d.0, 200, "{}", String::from_utf8_lossy(&d.1));
-    let k = key(t);
+    let k = sample_type_key(t);
     let empty = BTreeMap::new();
     let (l, r) = (
         first.get(&k).unwrap_or(&empty),
@@ -473,7 +459,7 @@ fn pprof_output_round_trips() {
                 )
                 .unwrap();
             let empty = BTreeMap::new();
-            let want = expected.get(&key(&t)).unwrap_or(&empty);
+            let want = expected.get(&sample_type_key(&t)).unwrap_or(&empty);
             let diff: Vec<_> = again
                 .iter()
                 .filter(|(s, v)| want.get(*s) != Some(v))

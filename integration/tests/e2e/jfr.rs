@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fathom_integration::{Fathom, read_expectation, testdata};
+use fathom_integration::{Fathom, folded_differs, read_expectation, sample_type_key, testdata};
 
 const TENANT: Option<&str> = Some("jfr");
 const BASE_S: i64 = 1_704_067_200;
@@ -138,36 +138,6 @@ fn ingest_recording(f: &Fathom, service: &str, path: &Path, how: usize) -> Strin
 /// of one context label set.
 const WHOLE: &str = "17241709254077376921";
 
-fn key(t: &str) -> String {
-    let p: Vec<&str> = t.split(':').collect();
-    format!("{}/{}", p[1], p[2])
-}
-
-fn differs(
-    what: String,
-    got: &BTreeMap<String, i64>,
-    want: &BTreeMap<String, i64>,
-) -> Option<String> {
-    if got == want {
-        return None;
-    }
-    let only_got: Vec<_> = got
-        .iter()
-        .filter(|(s, v)| want.get(*s) != Some(v))
-        .take(2)
-        .collect();
-    let only_want: Vec<_> = want
-        .iter()
-        .filter(|(s, v)| got.get(*s) != Some(v))
-        .take(2)
-        .collect();
-    Some(format!(
-        "{what}: {} vs {} stacks; got-only {only_got:?}; expected-only {only_want:?}",
-        got.len(),
-        want.len()
-    ))
-}
-
 #[test]
 fn pyroscope_recordings_match_their_pprof_conversions() {
     let dir = tempfile::tempdir().unwrap();
@@ -206,9 +176,9 @@ fn pyroscope_recordings_match_their_pprof_conversions() {
             let want = theirs
                 .iter()
                 .find(|(ft, h, _)| *ft == tn && h == WHOLE)
-                .and_then(|(_, _, e)| e.get(&key(t)).cloned())
+                .and_then(|(_, _, e)| e.get(&sample_type_key(t)).cloned())
                 .unwrap_or_default();
-            errs.extend(differs(format!("{name} ({form}) {t}"), &got, &want));
+            errs.extend(folded_differs(&format!("{name} ({form}) {t}"), &got, &want));
         }
         // With labels, each series carrying context labels equals one of
         // Pyroscope's labelled files.
@@ -241,9 +211,9 @@ fn pyroscope_recordings_match_their_pprof_conversions() {
                     .folded(TENANT, &format!("{t}{{{}}}", sel.join(",")), START, END)
                     .unwrap();
                 let tn = t.replace(':', "_");
-                let found = theirs
-                    .iter()
-                    .any(|(ft, h, e)| *ft == tn && h != WHOLE && e.get(&key(t)) == Some(&got));
+                let found = theirs.iter().any(|(ft, h, e)| {
+                    *ft == tn && h != WHOLE && e.get(&sample_type_key(t)) == Some(&got)
+                });
                 if !found {
                     errs.push(format!(
                         "{name}: series {sel:?} of {t} matches no labelled conversion"
