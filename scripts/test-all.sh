@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs util-linux chromium chromium-driver openjdk-17-jdk-headless debootstrap binutils)
+apt_pkgs=(protobuf-compiler clang llvm libbpf-dev golang-go nodejs python3 util-linux chromium chromium-driver openjdk-17-jdk-headless debootstrap binutils debuginfod elfutils)
 # Python with pip, unless one is already on PATH (e.g. pyenv).
 python3 -m pip --version >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
 # ...and venv support (Debian splits ensurepip out).
@@ -82,3 +82,7 @@ fi
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+# Fuzzing: every decoder of outside bytes for 15 s each (fuzz/run.sh builds
+# the targets with AddressSanitizer; see docs/security.md, "Fuzzing").
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install -q cargo-fuzz --locked
+FUZZ_SECONDS="${FUZZ_SECONDS:-15}" fuzz/run.sh

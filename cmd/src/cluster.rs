@@ -10,13 +10,87 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use fathom_metastore::{Member, MetastoreClient, MetastoreConfig, MetastoreNode, Role};
+use fathom_api::secret::ClusterSecret;
+use fathom_metastore::{
+    ClientOptions, Member, MetastoreClient, MetastoreConfig, MetastoreNode, Role,
+};
 use fathom_server::{
-    DistributorConfig, IngesterConfig, MetastoreIngesters, MetastoreJobs, QuerierRoleConfig,
+    DistributorConfig, IngesterConfig, MetastoreJobs, QuerierRoleConfig, ReadyGate, RingView,
 };
 use prometheus_client::registry::Registry;
 
-use crate::{CacheArgs, HeadArgs, LimitArgs, QueryArgs, StoreArgs, parse_duration};
+use crate::{
+    CacheArgs, HeadArgs, InflightArgs, LimitArgs, QueryArgs, StoreArgs, TenantsArgs, parse_duration,
+};
+
+/// The cluster secret, on every role.
+#[derive(Args, Clone)]
+pub(crate) struct SecretArgs {
+    /// Secret shared by the cluster's members (16 to 1024 printable ASCII
+    /// characters, e.g. `openssl rand -hex 32`). Every internal call
+    /// carries it, and the internal services (an ingester's writes and
+    /// head reads, the metastore's API and Raft) refuse calls without it
+    /// with UNAUTHENTICATED. Prefer the environment variable or
+    /// --cluster-secret-file: a flag's value shows in `ps`. Required when
+    /// --listen is not a loopback address, unless --insecure-trusted-network.
+    #[arg(
+        long,
+        env = "FATHOM_CLUSTER_SECRET",
+        hide_env_values = true,
+        conflicts_with = "cluster_secret_file"
+    )]
+    cluster_secret: Option<String>,
+    /// A file holding the cluster secret (surrounding white space ignored),
+    /// e.g. a mounted Kubernetes Secret.
+    #[arg(long, env = "FATHOM_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// Run without a cluster secret on a non-loopback address: anyone who
+    /// reaches this port can then call the internal services (write to an
+    /// ingester, read its heads, change the metastore, join the ring). Only
+    /// for a network that nothing but the cluster reaches.
+    #[arg(long, env = "FATHOM_INSECURE_TRUSTED_NETWORK")]
+    insecure_trusted_network: bool,
+}
+
+impl SecretArgs {
+    /// The secret, or none where that is allowed: on a loopback `listen`
+    /// or with --insecure-trusted-network.
+    pub(crate) fn secret(&self, listen: SocketAddr) -> anyhow::Result<ClusterSecret> {
+        let raw =
+            match (&self.cluster_secret, &self.cluster_secret_file) {
+                (Some(s), _) => Some(s.clone()),
+                (None, Some(path)) => Some(std::fs::read_to_string(path).with_context(|| {
+                    format!("reading the cluster secret file {}", path.display())
+                })?),
+                (None, None) => None,
+            };
+        if let Some(raw) = raw {
+            return ClusterSecret::new(&raw).context("--cluster-secret");
+        }
+        if listen.ip().is_loopback() {
+            tracing::info!(
+                %listen,
+                "no cluster secret: internal services answer any caller on this loopback address"
+            );
+        } else if self.insecure_trusted_network {
+            tracing::warn!(
+                %listen,
+                "no cluster secret (--insecure-trusted-network): anyone who reaches this port \
+                 can call the internal services"
+            );
+        } else {
+            anyhow::bail!(
+                "refusing to listen on {listen} without a cluster secret: anyone who reaches \
+                 it could write to ingesters, read their heads and change the metastore. \
+                 Give every role the same --cluster-secret (or FATHOM_CLUSTER_SECRET, or \
+                 --cluster-secret-file; e.g. `openssl rand -hex 32`), listen on a loopback \
+                 address, or pass --insecure-trusted-network if only the cluster can reach \
+                 this network"
+            );
+        }
+        Ok(ClusterSecret::none())
+    }
+}
 
 /// What every role but the metastore has.
 #[derive(Args, Clone)]
@@ -36,6 +110,8 @@ pub(crate) struct NodeArgs {
     /// How often this process heartbeats the metastore.
     #[arg(long, env = "FATHOM_HEARTBEAT_INTERVAL", default_value = "3s", value_parser = parse_duration)]
     heartbeat_interval: Duration,
+    #[command(flatten)]
+    secret: SecretArgs,
 }
 
 impl NodeArgs {
@@ -56,19 +132,32 @@ impl NodeArgs {
             .unwrap_or_else(|| format!("{}-{}", role.as_str(), self.advertise()))
     }
 
-    fn client(&self) -> anyhow::Result<MetastoreClient> {
-        MetastoreClient::new(self.metastore.clone()).context("metastore addresses")
+    /// The cluster secret (checked once, at start).
+    fn secret(&self) -> anyhow::Result<ClusterSecret> {
+        self.secret.secret(self.listen)
+    }
+
+    fn client(&self, secret: &ClusterSecret) -> anyhow::Result<MetastoreClient> {
+        MetastoreClient::with_options(
+            self.metastore.clone(),
+            ClientOptions {
+                secret: secret.clone(),
+                ..ClientOptions::default()
+            },
+        )
+        .context("metastore addresses")
     }
 
     /// Serves `app` as `role` until `shutdown`, registered in the metastore
-    /// and heartbeating meanwhile.
+    /// and heartbeating meanwhile. Ready once registered and, with
+    /// `wait.ring`, once the ring holds a quorum of ingesters.
     async fn serve(
         &self,
         client: &MetastoreClient,
         role: Role,
         registry: Registry,
         app: axum::Router,
-        ingester: Option<(Arc<fathom_ingester::Ingester>, Duration)>,
+        wait: Wait,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let hb = fathom_metastore::spawn_heartbeat(
@@ -77,10 +166,6 @@ impl NodeArgs {
             self.heartbeat_interval,
         );
         tracing::info!(name = %self.name(role), role = role.as_str(), "started");
-        let (ingester, flush) = match ingester {
-            Some((i, t)) => (Some(i), t),
-            None => (None, Duration::ZERO),
-        };
         let ui = if role.as_str() == "querier" {
             "open it in a browser for the UI; "
         } else {
@@ -91,12 +176,28 @@ impl NodeArgs {
             role.as_str(),
             self.metastore.join(",")
         );
+        let registered = hb.registered();
+        let gate = match wait.ring {
+            None => ReadyGate {
+                what: "registered with the metastore".into(),
+                until: Box::pin(registered),
+            },
+            Some((ring, n)) => ReadyGate {
+                what: format!(
+                    "registered with the metastore and {n} live ingesters are known (a write's quorum)"
+                ),
+                until: Box::pin(async move {
+                    registered.await;
+                    ring.wait_for(n).await;
+                }),
+            },
+        };
         let r = fathom_server::serve(
             self.listen,
             registry,
             app,
-            ingester,
-            flush,
+            wait.ingester,
+            Some(gate),
             &about,
             shutdown,
         )
@@ -104,6 +205,23 @@ impl NodeArgs {
         hb.abort();
         r.with_context(|| format!("serving the {}", role.as_str()))
     }
+
+    /// The live ingesters, listed in the background about once a second.
+    fn ring(&self, client: &MetastoreClient) -> Arc<RingView> {
+        RingView::spawn(
+            client.clone(),
+            self.heartbeat_interval.min(Duration::from_secs(1)),
+        )
+    }
+}
+
+/// What a role waits for and hands over besides its routes.
+#[derive(Default)]
+struct Wait {
+    /// The ingester to flush at shutdown, within the duration.
+    ingester: Option<(Arc<fathom_ingester::Ingester>, Duration)>,
+    /// Ready only once the ring holds this many ingesters.
+    ring: Option<(Arc<RingView>, usize)>,
 }
 
 #[derive(Args)]
@@ -127,12 +245,15 @@ pub(crate) struct MetastoreArgs {
     /// A member that has not heartbeated for this long leaves the ring.
     #[arg(long, env = "FATHOM_MEMBER_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     member_timeout: Duration,
+    #[command(flatten)]
+    secret: SecretArgs,
 }
 
 pub(crate) async fn metastore(
     a: MetastoreArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let secret = a.secret.secret(a.listen)?;
     let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
     let peers = if a.peers.trim().is_empty() {
         Vec::new()
@@ -147,6 +268,7 @@ pub(crate) async fn metastore(
         peers,
         heartbeat_timeout: a.member_timeout,
         serve: false,
+        secret,
         ..Default::default()
     };
     let node = MetastoreNode::start(cfg)
@@ -161,17 +283,9 @@ pub(crate) async fn metastore(
         node.node_id(),
         a.data_dir.display()
     );
-    fathom_server::serve(
-        a.listen,
-        registry,
-        app,
-        None,
-        Duration::ZERO,
-        &about,
-        shutdown,
-    )
-    .await
-    .context("serving the metastore")?;
+    fathom_server::serve(a.listen, registry, app, None, None, &about, shutdown)
+        .await
+        .context("serving the metastore")?;
     node.shutdown().await;
     Ok(())
 }
@@ -187,13 +301,17 @@ pub(crate) struct IngesterArgs {
     store: StoreArgs,
     #[command(flatten)]
     head: HeadArgs,
+    // An ingester uses the tenants file only for the per-tenant max_series.
+    #[command(flatten)]
+    tenants: TenantsArgs,
 }
 
 pub(crate) async fn ingester(
     a: IngesterArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let client = a.node.client()?;
+    let secret = a.node.secret()?;
+    let client = a.node.client(&secret)?;
     let store = a.store.config().build(&a.data_dir)?;
     let mut registry = Registry::default();
     let (app, ingester) = fathom_server::ingester_app(
@@ -202,6 +320,9 @@ pub(crate) async fn ingester(
             data_dir: a.data_dir.clone(),
             flush_interval: a.head.flush_interval,
             max_head_bytes: a.head.max_head_size,
+            max_head_memory: a.head.max_head_memory,
+            secret,
+            tenants: a.tenants.config(),
         },
         store,
         Arc::new(client.clone()),
@@ -214,7 +335,10 @@ pub(crate) async fn ingester(
             Role::Ingester,
             registry,
             app,
-            Some((ingester, a.head.shutdown_flush_timeout)),
+            Wait {
+                ingester: Some((ingester, a.head.shutdown_flush_timeout)),
+                ring: None,
+            },
             shutdown,
         )
         .await
@@ -232,25 +356,38 @@ pub(crate) struct DistributorArgs {
     write_timeout: Duration,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    tenants: TenantsArgs,
+    #[command(flatten)]
+    inflight: InflightArgs,
 }
 
 pub(crate) async fn distributor(
     a: DistributorArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let client = a.node.client()?;
+    let secret = a.node.secret()?;
+    let client = a.node.client(&secret)?;
+    let ring = a.node.ring(&client);
     let mut registry = Registry::default();
     let app = fathom_server::distributor_app(
         &DistributorConfig {
             limits: a.limits.limits(),
             replication_factor: a.replication_factor,
             write_timeout: a.write_timeout,
+            tenants: a.tenants.config(),
+            secret,
+            inflight: a.inflight.config(),
         },
-        Arc::new(MetastoreIngesters(client.clone())),
+        ring.clone(),
         &mut registry,
-    );
+    )?;
+    let wait = Wait {
+        ingester: None,
+        ring: Some((ring, fathom_api::cluster::quorum(a.replication_factor))),
+    };
     a.node
-        .serve(&client, Role::Distributor, registry, app, None, shutdown)
+        .serve(&client, Role::Distributor, registry, app, wait, shutdown)
         .await
 }
 
@@ -273,13 +410,18 @@ pub(crate) struct QuerierArgs {
     query: QueryArgs,
     #[command(flatten)]
     cache: CacheArgs,
+    #[command(flatten)]
+    tenants: TenantsArgs,
+    #[command(flatten)]
+    symbols: crate::SymbolArgs,
 }
 
 pub(crate) async fn querier(
     a: QuerierArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let client = a.node.client()?;
+    let secret = a.node.secret()?;
+    let client = a.node.client(&secret)?;
     let store = a.store.config().build(&a.data_dir)?;
     let mut registry = Registry::default();
     let app = fathom_server::querier_app(
@@ -289,15 +431,25 @@ pub(crate) async fn querier(
             query_threads: a.query.query_threads,
             head_timeout: a.head_timeout,
             cache: a.cache.config(&a.data_dir),
+            tenants: a.tenants.config(),
+            secret,
+            symbols: a.symbols.config(),
         },
-        Arc::new(MetastoreIngesters(client.clone())),
+        a.node.ring(&client),
         Arc::new(client.clone()),
         store,
         &mut registry,
     )
     .await?;
     a.node
-        .serve(&client, Role::Querier, registry, app, None, shutdown)
+        .serve(
+            &client,
+            Role::Querier,
+            registry,
+            app,
+            Wait::default(),
+            shutdown,
+        )
         .await
 }
 
@@ -357,19 +509,44 @@ pub(crate) struct CompactorArgs {
     store: StoreArgs,
     #[command(flatten)]
     compaction: CompactionArgs,
+    /// Per-tenant retention comes from its `retention` limits (the
+    /// credentials are not used: the compactor serves no API).
+    #[command(flatten)]
+    tenants: TenantsArgs,
+    /// Compacted blocks carry the functions of address-only frames whose
+    /// debug info is known (local copies under <data dir>/debuginfo-cache).
+    #[command(flatten)]
+    symbols: crate::SymbolArgs,
 }
 
 pub(crate) async fn compactor(
     a: CompactorArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let client = a.node.client()?;
+    let client = a.node.client(&a.node.secret()?)?;
     let store = a.store.config().build(&a.data_dir)?;
     let mut registry = Registry::default();
+    let tenants = match &a.tenants.tenants_file {
+        Some(p) => Some(
+            fathom_server::Auth::load(p, a.tenants.tenants_reload_interval, &mut registry)?
+                .tenants(),
+        ),
+        None => None,
+    };
     let c = fathom_compactor::Compactor::new(
-        a.compaction.config(a.node.name(Role::Compactor)),
-        store,
+        fathom_server::compaction_config(
+            &a.compaction.config(a.node.name(Role::Compactor)),
+            tenants.as_ref(),
+        ),
+        store.clone(),
         Arc::new(MetastoreJobs(client.clone())),
+        &mut registry,
+    );
+    fathom_server::symbolize_compactions(
+        &a.symbols.config(),
+        store,
+        &a.data_dir,
+        &c,
         &mut registry,
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -381,7 +558,7 @@ pub(crate) async fn compactor(
             Role::Compactor,
             registry,
             axum::Router::new(),
-            None,
+            Wait::default(),
             shutdown,
         )
         .await;

@@ -12,6 +12,7 @@ use fathom_server::{AllConfig, ObjectStoreConfig, StoreKind};
 
 mod alloc;
 mod cluster;
+mod debuginfo;
 
 #[global_allocator]
 static GLOBAL: alloc::RoleAllocator = alloc::RoleAllocator;
@@ -59,6 +60,42 @@ enum Command {
     Querier(cluster::QuerierArgs),
     /// Merges blocks, applies retention, deletes replaced blocks.
     Compactor(cluster::CompactorArgs),
+    /// Uploads, lists and deletes debug info on a Fathom server (a
+    /// client: talks to --url).
+    Debuginfo(debuginfo::DebuginfoArgs),
+    /// Reads a secret (a token or password) on stdin and prints the hash to
+    /// put in the tenants file.
+    HashSecret(HashSecretArgs),
+}
+
+#[derive(Args)]
+struct HashSecretArgs {
+    /// PBKDF2-SHA256, salted (for passwords people choose), instead of
+    /// SHA-256 (for random tokens; Bearer tokens must be SHA-256).
+    #[arg(long)]
+    pbkdf2: bool,
+    /// PBKDF2 iterations: the cost of each first login of a user (later
+    /// requests are cached).
+    #[arg(long, default_value_t = 100_000)]
+    iterations: u32,
+}
+
+/// Prints the hash of the secret on stdin (its trailing newline removed).
+fn hash_secret(a: &HashSecretArgs) -> anyhow::Result<()> {
+    let mut secret = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut secret)
+        .context("reading the secret on stdin")?;
+    let secret = secret.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        anyhow::bail!("no secret on stdin: e.g. printf %s \"$TOKEN\" | fathom hash-secret");
+    }
+    let h = if a.pbkdf2 {
+        fathom_server::auth::hash_pbkdf2(secret, a.iterations)
+    } else {
+        fathom_server::auth::hash_sha256(secret)
+    };
+    println!("{h}");
+    Ok(())
 }
 
 /// A size such as `64MiB`, `512KB` or `1048576`.
@@ -166,6 +203,55 @@ impl LimitArgs {
     }
 }
 
+/// Authentication and per-tenant limits.
+#[derive(Args, Clone)]
+pub(crate) struct TenantsArgs {
+    /// YAML file of credentials (Bearer tokens, Basic users, stored hashed)
+    /// and per-tenant limits; see docs/security.md. Set: every API except
+    /// /ready, /health and /metrics needs a credential, which decides the
+    /// tenant. Unset: authentication off, every client may read and write
+    /// every tenant (a laptop, or behind a trusted proxy).
+    #[arg(long, env = "FATHOM_TENANTS_FILE")]
+    tenants_file: Option<PathBuf>,
+    /// How often the tenants file is checked for changes (a changed file
+    /// applies without a restart; a broken one keeps the last good one).
+    #[arg(long, env = "FATHOM_TENANTS_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    tenants_reload_interval: Duration,
+}
+
+impl TenantsArgs {
+    pub(crate) fn config(&self) -> fathom_server::TenantsFileConfig {
+        fathom_server::TenantsFileConfig {
+            path: self.tenants_file.clone(),
+            reload_interval: self.tenants_reload_interval,
+        }
+    }
+}
+
+/// How much write traffic a distributor works on at once.
+#[derive(Args, Clone)]
+pub(crate) struct InflightArgs {
+    /// Write requests worked on at once; more are refused with 503 and
+    /// `Retry-After` (gRPC: UNAVAILABLE). Each may use up to
+    /// --max-decompressed-size while it is decoded.
+    #[arg(long, env = "FATHOM_MAX_INFLIGHT_WRITES", default_value_t = 32)]
+    max_inflight_writes: usize,
+    /// Request bodies (as sent) worked on at once; a request without
+    /// Content-Length counts as --max-body-size. More are refused like
+    /// above.
+    #[arg(long, env = "FATHOM_MAX_INFLIGHT_WRITE_BYTES", default_value = "256MiB", value_parser = parse_size)]
+    max_inflight_write_bytes: usize,
+}
+
+impl InflightArgs {
+    pub(crate) fn config(&self) -> fathom_server::InflightConfig {
+        fathom_server::InflightConfig {
+            max_requests: self.max_inflight_writes,
+            max_bytes: self.max_inflight_write_bytes,
+        }
+    }
+}
+
 /// What the read path allows.
 #[derive(Args, Clone)]
 struct QueryArgs {
@@ -206,6 +292,13 @@ struct HeadArgs {
     /// Cut a block earlier when the head holds this much (estimated).
     #[arg(long, env = "FATHOM_MAX_HEAD_SIZE", default_value = "512MiB", value_parser = parse_size)]
     max_head_size: usize,
+    /// Memory cap of the heads, those being flushed included (estimated).
+    /// At the cap (blocks cannot be stored, e.g. while the object store is
+    /// down) writes are refused with a retryable 503 / UNAVAILABLE instead
+    /// of growing memory; what was acknowledged stays in the WAL and the
+    /// heads. Keep it above --max-head-size.
+    #[arg(long, env = "FATHOM_MAX_HEAD_MEMORY", default_value = "2GiB", value_parser = parse_size)]
+    max_head_memory: usize,
     /// How long shutdown may spend flushing; the WAL keeps what is left.
     #[arg(long, env = "FATHOM_SHUTDOWN_FLUSH_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     shutdown_flush_timeout: Duration,
@@ -242,6 +335,57 @@ impl CacheArgs {
     }
 }
 
+/// Server-side symbolization of address-only frames (`docs/symbols.md`).
+#[derive(Args, Clone)]
+pub(crate) struct SymbolArgs {
+    /// Largest debug info file accepted, uploaded or from debuginfod (413
+    /// above).
+    #[arg(long, env = "FATHOM_DEBUGINFO_MAX_SIZE", default_value = "1GiB", value_parser = parse_size)]
+    debuginfo_max_size: usize,
+    /// Longest time a query waits for symbols; what is not resolved by
+    /// then shows as binary+offset and is ready for the next query.
+    #[arg(long, env = "FATHOM_SYMBOLIZE_WAIT", default_value = "2s", value_parser = parse_duration)]
+    symbolize_wait: Duration,
+    /// How long a build id found nowhere (no upload, no debuginfod) is not
+    /// looked for again.
+    #[arg(long, env = "FATHOM_DEBUGINFO_MISSING_TTL", default_value = "5m", value_parser = parse_duration)]
+    debuginfo_missing_ttl: Duration,
+    /// debuginfod servers to fetch unknown build ids from, separated by
+    /// spaces (or repeat the flag). Unset: `DEBUGINFOD_URLS`; neither:
+    /// nothing is fetched.
+    #[arg(long, env = "FATHOM_DEBUGINFOD_URLS")]
+    debuginfod_urls: Vec<String>,
+    /// Longest time one debuginfod request may take.
+    #[arg(long, env = "FATHOM_DEBUGINFOD_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    debuginfod_timeout: Duration,
+    /// Most debuginfod fetches at once.
+    #[arg(long, env = "FATHOM_DEBUGINFOD_CONCURRENCY", default_value_t = 4)]
+    debuginfod_concurrency: usize,
+}
+
+impl SymbolArgs {
+    pub(crate) fn config(&self) -> fathom_server::SymbolsConfig {
+        let mut urls: Vec<String> = self
+            .debuginfod_urls
+            .iter()
+            .flat_map(|u| fathom_symbols::DebuginfodConfig::urls_from_env_value(u))
+            .collect();
+        if urls.is_empty()
+            && let Ok(v) = std::env::var("DEBUGINFOD_URLS")
+        {
+            urls = fathom_symbols::DebuginfodConfig::urls_from_env_value(&v);
+        }
+        fathom_server::SymbolsConfig {
+            max_file_bytes: self.debuginfo_max_size as u64,
+            wait: self.symbolize_wait,
+            missing_ttl: self.debuginfo_missing_ttl,
+            debuginfod_urls: urls,
+            debuginfod_timeout: self.debuginfod_timeout,
+            debuginfod_concurrency: self.debuginfod_concurrency,
+        }
+    }
+}
+
 #[derive(Args)]
 struct AllArgs {
     /// Address for HTTP and gRPC (one port, HTTP/1.1 and h2c).
@@ -257,27 +401,37 @@ struct AllArgs {
     #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
+    inflight: InflightArgs,
+    #[command(flatten)]
     query: QueryArgs,
     #[command(flatten)]
     cache: CacheArgs,
     #[command(flatten)]
     compaction: cluster::CompactionArgs,
+    #[command(flatten)]
+    tenants: TenantsArgs,
+    #[command(flatten)]
+    symbols: SymbolArgs,
 }
 
 impl AllArgs {
     fn config(self) -> AllConfig {
         AllConfig {
             cache: self.cache.config(&self.data_dir),
+            symbols: self.symbols.config(),
             compaction: self.compaction.config(format!("all@{}", self.listen)),
             listen: self.listen,
             store: self.store.config(),
             data_dir: self.data_dir,
             flush_interval: self.head.flush_interval,
             max_head_bytes: self.head.max_head_size,
+            max_head_memory: self.head.max_head_memory,
             shutdown_flush_timeout: self.head.shutdown_flush_timeout,
             limits: self.limits.limits(),
+            inflight: self.inflight.config(),
             querier: self.query.config(),
             query_threads: self.query.query_threads,
+            tenants: self.tenants.config(),
         }
     }
 }
@@ -313,12 +467,14 @@ async fn main() -> anyhow::Result<()> {
     }
     let json = matches!(cli.log_format, LogFormat::Json);
     let role = match &cli.command {
+        Command::HashSecret(a) => return hash_secret(a),
         Command::Agent(args) => {
             fathom_agent::init_logging(json);
             return fathom_agent::run_until_signal(args.clone())
                 .await
                 .context("fathom agent");
         }
+        Command::Debuginfo(_) => "debuginfo",
         Command::All(_) => "all",
         Command::Metastore(_) => "metastore",
         Command::Ingester(_) => "ingester",
@@ -360,6 +516,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Distributor(a) => cluster::distributor(a, shutdown_signal()).await?,
         Command::Querier(a) => cluster::querier(a, shutdown_signal()).await?,
         Command::Compactor(a) => cluster::compactor(a, shutdown_signal()).await?,
+        Command::HashSecret(a) => hash_secret(&a)?,
+        Command::Debuginfo(a) => debuginfo::run(a).await?,
     }
     Ok(())
 }

@@ -24,8 +24,8 @@ use fathom_integration::{Fathom, fathom_bin, free_port, workspace};
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 /// A running agent, killed on drop.
-struct Agent {
-    child: Child,
+pub(crate) struct Agent {
+    pub(crate) child: Child,
     metrics_port: u16,
     log: PathBuf,
 }
@@ -45,7 +45,7 @@ impl Agent {
     /// Starts the agent against `f` and waits until it is ready: its BPF
     /// program is loaded and attached, or it failed and the test fails with
     /// its log.
-    fn start(f: &Fathom, dir: &Path, extra: &[&str]) -> Agent {
+    pub(crate) fn start(f: &Fathom, dir: &Path, extra: &[&str]) -> Agent {
         let metrics_port = free_port();
         let log = dir.join(format!("agent-{metrics_port}.log"));
         let out = std::fs::File::create(&log).unwrap();
@@ -118,10 +118,10 @@ impl Drop for Agent {
 }
 
 /// A workload process, killed on drop.
-struct Workload(Child);
+pub(crate) struct Workload(Child);
 
 impl Workload {
-    fn spawn(cmd: &mut Command) -> Workload {
+    pub(crate) fn spawn(cmd: &mut Command) -> Workload {
         Workload(
             cmd.stdout(Stdio::null())
                 .spawn()
@@ -191,6 +191,76 @@ fn build_rust(dir: &Path) -> PathBuf {
     out
 }
 
+/// nofp.c and nofp.rs: no frame pointers, as most code is built.
+fn build_nofp(dir: &Path) -> (PathBuf, PathBuf) {
+    let c = dir.join("nofpc");
+    run_ok(
+        Command::new("clang")
+            .args(["-O2", "-g", "-fomit-frame-pointer"])
+            .arg(sources().join("nofp.c"))
+            .arg("-o")
+            .arg(&c),
+        "building nofp.c",
+    );
+    let rs = dir.join("nofprs");
+    run_ok(
+        Command::new("rustc")
+            .args(["-C", "opt-level=2", "-g", "--edition", "2021"])
+            .arg(sources().join("nofp.rs"))
+            .arg("-o")
+            .arg(&rs),
+        "building nofp.rs",
+    );
+    (c, rs)
+}
+
+/// Stack completeness from `perf script` output: of the samples whose
+/// stack (leaf first) contains `leaf`, the share whose frames from the
+/// leaf toward the root continue with `callers` in order.
+fn perf_completeness(script: &str, leaf: &str, callers: &[&str]) -> (usize, usize) {
+    let (mut hit, mut total) = (0, 0);
+    for sample in script.split("\n\n") {
+        let syms: Vec<&str> = sample
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .map(|s| s.split('+').next().unwrap_or(s))
+            .collect();
+        let Some(i) = syms.iter().position(|s| s.contains(leaf)) else {
+            continue;
+        };
+        total += 1;
+        let rest = &syms[i + 1..];
+        if rest.len() >= callers.len() && rest.iter().zip(callers).all(|(s, c)| s.contains(c)) {
+            hit += 1;
+        }
+    }
+    (hit, total)
+}
+
+/// `perf record --call-graph dwarf` of `pid` for `secs` at 19 Hz: the
+/// `perf script` text.
+fn perf_dwarf(dir: &Path, pid: u32, secs: u64) -> String {
+    let data = dir.join(format!("perf-{pid}.data"));
+    let out = Command::new("perf")
+        .args(["record", "-F", "19", "--call-graph", "dwarf", "-q", "-o"])
+        .arg(&data)
+        .args(["-p", &pid.to_string(), "--", "sleep", &secs.to_string()])
+        .output()
+        .expect("running perf (apt-get install linux-perf)");
+    assert!(
+        out.status.success(),
+        "perf record: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script = Command::new("perf")
+        .args(["script", "-F", "comm,ip,sym", "-i"])
+        .arg(&data)
+        .output()
+        .expect("running perf script");
+    String::from_utf8_lossy(&script.stdout).into_owned()
+}
+
 fn build_go(dir: &Path) -> PathBuf {
     let out = dir.join("gosvc");
     let src = dir.join("gosvc-src");
@@ -235,7 +305,7 @@ fn share(stacks: &BTreeMap<String, i64>, pred: impl Fn(&str) -> bool) -> i64 {
 const AGENT_WAIT: Duration = Duration::from_secs(180);
 
 /// Polls `check` until it returns `Ok`, or fails with its last error.
-fn eventually<T>(timeout: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
+pub(crate) fn eventually<T>(timeout: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
     let t0 = Instant::now();
     loop {
         match check() {
@@ -610,13 +680,31 @@ fn agent_overhead_benchmark() {
         .unwrap_or(180);
     let dir = tempfile::tempdir().unwrap();
     let hotc = build_c(dir.path(), "hotbench");
+    let (nofpc, nofprs) = build_nofp(dir.path());
     let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
-    let agent = Agent::start(&f, dir.path(), &[]);
+    // FATHOM_BENCH_OFF_CPU=1ms measures with off-CPU profiling on.
+    let off_cpu = std::env::var("FATHOM_BENCH_OFF_CPU").ok();
+    let mut extra = Vec::new();
+    if let Some(t) = &off_cpu {
+        extra.extend(["--off-cpu-threshold", t.as_str()]);
+    }
+    let agent = Agent::start(&f, dir.path(), &extra);
     let apid = agent.child.id();
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let busy: Vec<Workload> = (0..cpus)
-        .map(|_| Workload::spawn(Command::new(&hotc).args(["cpu", &(secs + 60).to_string()])))
+    let long = (secs + 60).to_string();
+    let mut busy: Vec<Workload> = (0..cpus)
+        .map(|_| Workload::spawn(Command::new(&hotc).args(["cpu", &long])))
         .collect();
+    // Code without frame pointers (unwound with tables), Python, and a
+    // process that sleeps (off-CPU) next to them.
+    let nofp_c = Workload::spawn(Command::new(&nofpc).args(["cpu", &long]));
+    let nofp_rs = Workload::spawn(Command::new(&nofprs).arg(&long));
+    let py = Workload::spawn(
+        Command::new("/usr/bin/python3")
+            .arg(sources().join("hot.py"))
+            .arg(&long),
+    );
+    busy.push(Workload::spawn(Command::new(&nofpc).args(["sleep", &long])));
     let exe = std::env::current_exe().unwrap();
     let exe_mb = std::fs::metadata(&exe).map_or(0, |m| m.len()) >> 20;
     let big = Workload::spawn(
@@ -687,6 +775,65 @@ fn agent_overhead_benchmark() {
     }
     let wall = t0.elapsed().as_secs_f64();
     let cpu = (ticks(apid) - c0) as f64 / hz;
+    // perf's DWARF unwinding of the same workload, as the peer: 30 s.
+    let perf_secs = 30;
+    let perf_script = perf_dwarf(dir.path(), nofp_c.pid(), perf_secs);
+    let perf_c = perf_completeness(
+        &perf_script,
+        "c_hot",
+        &["c_level4", "c_level3", "c_level2", "c_level1", "main"],
+    );
+    let perf_script_rs = perf_dwarf(dir.path(), nofp_rs.pid(), perf_secs);
+    let perf_rs = perf_completeness(
+        &perf_script_rs,
+        "rs_hot",
+        &["rs_level4", "rs_level3", "rs_level2", "rs_level1", "main"],
+    );
+    let agent_share = |pid: u32, leaf: &str, chain: &str| -> (i64, i64) {
+        let st = folded(&f, &format!("{CPU}{{pid=\"{pid}\"}}"));
+        (
+            share(&st, |s| {
+                s.contains(leaf) && s.contains(chain) && s.contains("__libc_start")
+            }),
+            share(&st, |s| s.contains(leaf)),
+        )
+    };
+    let agent_c = agent_share(
+        nofp_c.pid(),
+        ";c_hot",
+        "main;c_level1;c_level2;c_level3;c_level4;c_hot",
+    );
+    let agent_rs = agent_share(
+        nofp_rs.pid(),
+        ";nofp::rs_hot",
+        "nofp::main;nofp::rs_level1;nofp::rs_level2;nofp::rs_level3;nofp::rs_level4;nofp::rs_hot",
+    );
+    let agent_py = agent_share(
+        py.pid(),
+        ";py_hot",
+        "main;py_outer;py_middle;py_inner;py_hot",
+    );
+    // The query gives CPU nanoseconds: samples are that over the period.
+    let samples_of = |ns: i64| (ns as f64 / (1e9 / 19.0)).round() as i64;
+    let pct = |(a, b): (i64, i64)| {
+        if b > 0 {
+            a as f64 * 100.0 / b as f64
+        } else {
+            0.0
+        }
+    };
+    let pctu = |(a, b): (usize, usize)| {
+        if b > 0 {
+            a as f64 * 100.0 / b as f64
+        } else {
+            0.0
+        }
+    };
+    let tables = agent.metric("fathom_agent_unwind_tables");
+    let rows = agent.metric("fathom_agent_unwind_table_rows");
+    let truncated = agent.metric("fathom_agent_user_stacks_truncated_total");
+    let tabled = agent.metric("fathom_agent_user_stacks_unwound_with_tables_total");
+    let offcpu_events = agent.metric("fathom_agent_offcpu_events_total");
     let cpu_pct = cpu / wall * 100.0;
     let rss_mb = status(apid, "VmHWM:") as f64 / 1024.0;
     delays.sort_by(|a, b| a.total_cmp(b));
@@ -716,6 +863,41 @@ fn agent_overhead_benchmark() {
         mb(peak_rss)
     );
     println!("| DWARF limit / big binary     | {dwarf} / {exe_mb} MB |          |");
+    println!(
+        "| off-CPU                      | {} ({offcpu_events} events) | |",
+        off_cpu.as_deref().unwrap_or("off")
+    );
+    println!(
+        "| unwind tables / rows         | {tables} / {rows} ({:.1} MB) | |",
+        rows * 12.0 / 1048576.0
+    );
+    println!("| user stacks by tables / truncated | {tabled} / {truncated} | |");
+    println!();
+    println!("stack completeness (share of the leaf's samples with the full chain to main)");
+    println!("| workload                     | agent                 | perf --call-graph dwarf |");
+    println!("|------------------------------|-----------------------|-------------------------|");
+    println!(
+        "| C -O2 -fomit-frame-pointer   | {:>5.1}% of {:>5} | {:>5.1}% of {:>5} |",
+        pct(agent_c),
+        samples_of(agent_c.1),
+        pctu(perf_c),
+        perf_c.1
+    );
+    println!(
+        "| Rust release, no frame ptrs  | {:>5.1}% of {:>5} | {:>5.1}% of {:>5} |",
+        pct(agent_rs),
+        samples_of(agent_rs.1),
+        pctu(perf_rs),
+        perf_rs.1
+    );
+    println!(
+        "| Python 3.11 (py_hot chain)   | {:>5.1}% of {:>5} | (perf has no Python frames) |",
+        pct(agent_py),
+        samples_of(agent_py.1)
+    );
+    drop(py);
+    drop(nofp_rs);
+    drop(nofp_c);
     drop(big);
     drop(busy);
 }

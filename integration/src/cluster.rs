@@ -16,17 +16,26 @@ pub struct Proc {
     pub name: String,
     pub port: u16,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
 }
 
 impl Proc {
-    /// Starts `fathom <args…> --listen 127.0.0.1:<port>`; does not wait.
-    pub fn spawn(name: &str, port: u16, args: Vec<String>, log: PathBuf) -> Result<Proc> {
+    /// Starts `fathom <args…> --listen 127.0.0.1:<port>` with the cluster
+    /// secret `secret` in its environment; does not wait.
+    pub fn spawn(
+        name: &str,
+        port: u16,
+        args: Vec<String>,
+        secret: &str,
+        log: PathBuf,
+    ) -> Result<Proc> {
         let mut p = Proc {
             name: name.to_owned(),
             port,
             args,
+            env: vec![("FATHOM_CLUSTER_SECRET".into(), secret.to_owned())],
             log,
             child: None,
         };
@@ -65,6 +74,8 @@ impl Proc {
             .arg("--listen")
             .arg(self.addr())
             .env("RUST_LOG", "info")
+            .env_remove("FATHOM_CLUSTER_SECRET")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             // Traces go where the test says (ClusterOptions::all_args), not
             // where the caller's environment points.
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -150,6 +161,8 @@ impl Drop for Proc {
 /// The whole cluster.
 pub struct Cluster {
     pub dir: PathBuf,
+    /// The cluster secret every process gets (in `FATHOM_CLUSTER_SECRET`).
+    pub secret: String,
     pub metastores: Vec<Proc>,
     pub ingesters: Vec<Proc>,
     pub distributors: Vec<Proc>,
@@ -169,6 +182,10 @@ pub struct ClusterOptions {
     /// Extra flags of every process, metastores included (e.g.
     /// `--otlp-traces-endpoint`).
     pub all_args: Vec<String>,
+    /// Also wait, after every process reports ready, until the metastore
+    /// lists the three ingesters as live (off: trust `/ready` alone, as a
+    /// user or an orchestrator does).
+    pub wait_ring: bool,
 }
 
 impl Default for ClusterOptions {
@@ -179,6 +196,7 @@ impl Default for ClusterOptions {
             compaction_interval: Duration::from_secs(3600),
             flush_interval: Duration::from_secs(3600),
             all_args: Vec::new(),
+            wait_ring: true,
         }
     }
 }
@@ -193,6 +211,13 @@ impl Cluster {
     pub fn start(dir: &Path, opts: &ClusterOptions) -> Result<Cluster> {
         let dir = dir.to_owned();
         std::fs::create_dir_all(&dir)?;
+        let secret = format!(
+            "test-secret-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_nanos()
+        );
         let log = |n: &str| dir.join(format!("{n}.log"));
         let mports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let peers = mports
@@ -216,7 +241,7 @@ impl Cluster {
             args.push("--data-dir".into());
             args.push(dir.join(&name).display().to_string());
             args.extend(opts.all_args.clone());
-            metastores.push(Proc::spawn(&name, *p, args, log(&name))?);
+            metastores.push(Proc::spawn(&name, *p, args, &secret, log(&name))?);
         }
         let bucket = dir.join("bucket");
         let common = s(&["--metastore", &meta_list, "--heartbeat-interval", "1s"]);
@@ -235,7 +260,7 @@ impl Cluster {
             }
             args.extend(s(extra));
             args.extend(opts.all_args.clone());
-            Proc::spawn(name, free_port(), args, log(name))
+            Proc::spawn(name, free_port(), args, &secret, log(name))
         };
         let mut ingesters = Vec::new();
         let flush = format!("{}ms", opts.flush_interval.as_millis());
@@ -259,6 +284,7 @@ impl Cluster {
         )?;
         let mut c = Cluster {
             dir,
+            secret,
             metastores,
             ingesters,
             distributors,
@@ -268,7 +294,9 @@ impl Cluster {
         for p in c.all_mut() {
             p.wait_ready(Duration::from_secs(60))?;
         }
-        c.wait_ingesters(3, Duration::from_secs(30))?;
+        if opts.wait_ring {
+            c.wait_ingesters(3, Duration::from_secs(30))?;
+        }
         Ok(c)
     }
 
@@ -318,8 +346,12 @@ impl Cluster {
             .enable_all()
             .build()?;
         let addrs: Vec<String> = self.metastores.iter().map(Proc::addr).collect();
+        let opts = fathom_metastore::ClientOptions {
+            secret: fathom_api::secret::ClusterSecret::new(&self.secret)?,
+            ..Default::default()
+        };
         rt.block_on(async move {
-            let c = fathom_metastore::MetastoreClient::new(addrs)?;
+            let c = fathom_metastore::MetastoreClient::with_options(addrs, opts)?;
             f(c).await
         })
     }

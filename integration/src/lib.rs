@@ -105,6 +105,20 @@ where
     out.stdout
 }
 
+/// Fails loudly, naming `what` is needed and how to get it, unless the
+/// system `python3` imports `modules` (e.g. `"pyroscope, pyarrow"`).
+pub fn require_python(modules: &str, what: &str) {
+    let check = std::process::Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .unwrap_or_else(|e| panic!("python3 is required ({what}): {e}"));
+    assert!(
+        check.status.success(),
+        "{what} is required (scripts/test-all.sh installs it): {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -451,4 +465,82 @@ pub fn corpus() -> Result<Vec<CorpusFile>> {
         });
     }
     Ok(out)
+}
+
+/// A unary gRPC call of raw bytes (an encoded request message) to `path`
+/// with `metadata`, gzip-compressed if asked; the reply's bytes are
+/// dropped. For tests that send what a generated client cannot (bad
+/// messages, other protocols' layouts) or that need no generated code.
+pub fn grpc_raw(
+    url: &str,
+    path: &'static str,
+    metadata: &[(&'static str, String)],
+    body: Vec<u8>,
+    gzip: bool,
+) -> Result<(), tonic::Status> {
+    use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+    #[derive(Clone, Copy, Default)]
+    struct Raw;
+    impl Codec for Raw {
+        type Encode = Vec<u8>;
+        type Decode = ();
+        type Encoder = Raw;
+        type Decoder = Raw;
+        fn encoder(&mut self) -> Raw {
+            Raw
+        }
+        fn decoder(&mut self) -> Raw {
+            Raw
+        }
+    }
+    impl Encoder for Raw {
+        type Item = Vec<u8>;
+        type Error = tonic::Status;
+        fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+            use bytes::BufMut;
+            dst.put_slice(&item);
+            Ok(())
+        }
+    }
+    impl Decoder for Raw {
+        type Item = ();
+        type Error = tonic::Status;
+        fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
+            use bytes::Buf;
+            src.advance(src.remaining());
+            Ok(Some(()))
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| tonic::Status::internal(format!("a runtime for the call: {e}")))?;
+    rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .map_err(|e| tonic::Status::invalid_argument(format!("{url}: {e}")))?
+            .connect()
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("connecting to {url}: {e}")))?;
+        let mut g = tonic::client::Grpc::new(ch);
+        if gzip {
+            g = g.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        }
+        g.ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("{url}: {e}")))?;
+        let mut req = tonic::Request::new(body);
+        for (k, v) in metadata {
+            let v = v
+                .parse()
+                .map_err(|_| tonic::Status::invalid_argument(format!("metadata {k}: {v:?}")))?;
+            req.metadata_mut().insert(*k, v);
+        }
+        g.unary::<Vec<u8>, (), Raw>(
+            req,
+            tonic::codegen::http::uri::PathAndQuery::from_static(path),
+            Raw,
+        )
+        .await
+        .map(|_| ())
+    })
 }

@@ -9,11 +9,12 @@
 use std::collections::BTreeMap;
 use std::io;
 
+use aya::maps::Array;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
     PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
-use aya::programs::{PerfEvent, ProgramError, RawTracePoint};
+use aya::programs::{BtfTracePoint, PerfEvent, ProgramError, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use fathom_agent_ebpf as shared;
 
@@ -75,12 +76,32 @@ pub(crate) struct BpfConfig {
     pub(crate) sampling_hz: u64,
     /// A process not to sample (the agent itself, when excluded).
     pub(crate) exclude_pid: Option<u32>,
+    /// Bytes of kernel memory for unwind tables; 0: frame pointers only.
+    pub(crate) unwind_budget: u64,
+    /// Shortest off-CPU time recorded, ns; 0: no off-CPU profiling.
+    pub(crate) offcpu_min_ns: u64,
+}
+
+impl BpfConfig {
+    /// CPU sampling at `hz`, unwind tables with the default budget, no
+    /// off-CPU profiling.
+    #[cfg(test)]
+    pub(crate) fn cpu(hz: u64) -> Self {
+        BpfConfig {
+            sampling_hz: hz,
+            exclude_pid: None,
+            unwind_budget: crate::unwind::DEFAULT_BUDGET,
+            offcpu_min_ns: 0,
+        }
+    }
 }
 
 /// The loaded profiler: the ring buffer to drain, and the rest.
 pub(crate) struct Profiler {
     pub(crate) ring: RingBuf<MapData>,
     pub(crate) control: Control,
+    /// The unwind table and Python maps (taken by the collector).
+    pub(crate) unwinder: Option<crate::unwind::Unwinder>,
 }
 
 /// The programs, their per-CPU links and the maps other than the ring.
@@ -111,11 +132,17 @@ impl Profiler {
         let ring = ring_size(cpus.len().max(1), hz);
         let exclude: u32 = cfg.exclude_pid.unwrap_or(0);
         let wakeup: u64 = u64::from(ring / 4);
+        let rows = u32::try_from(cfg.unwind_budget / crate::unwind::ROW_BYTES)
+            .unwrap_or(u32::MAX)
+            .clamp(1, 1 << 24);
+        let offcpu_min_ns = cfg.offcpu_min_ns;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global(shared::GLOBAL_EXCLUDE_TGID, &exclude, true)
             .override_global(shared::GLOBAL_WAKEUP_BYTES, &wakeup, true)
+            .override_global(shared::GLOBAL_OFFCPU_MIN_NS, &offcpu_min_ns, true)
             .map_max_entries(shared::MAP_EVENTS, ring)
+            .map_max_entries(shared::MAP_UNWIND_ROWS, rows)
             .load(OBJECT)
             .map_err(BpfError::Load)?;
 
@@ -175,6 +202,42 @@ impl Profiler {
             source,
         })?;
 
+        let unwinder = {
+            let rows_map = Array::try_from(
+                ebpf.take_map(shared::MAP_UNWIND_ROWS)
+                    .ok_or(BpfError::MissingMap(shared::MAP_UNWIND_ROWS))?,
+            )
+            .map_err(|source| BpfError::Map {
+                name: shared::MAP_UNWIND_ROWS,
+                source,
+            })?;
+            let procs = BpfHashMap::try_from(
+                ebpf.take_map(shared::MAP_UNWIND_PROCS)
+                    .ok_or(BpfError::MissingMap(shared::MAP_UNWIND_PROCS))?,
+            )
+            .map_err(|source| BpfError::Map {
+                name: shared::MAP_UNWIND_PROCS,
+                source,
+            })?;
+            let py = BpfHashMap::try_from(
+                ebpf.take_map(shared::MAP_PY_PROCS)
+                    .ok_or(BpfError::MissingMap(shared::MAP_PY_PROCS))?,
+            )
+            .map_err(|source| BpfError::Map {
+                name: shared::MAP_PY_PROCS,
+                source,
+            })?;
+            let capacity = if cfg.unwind_budget >= crate::unwind::ROW_BYTES {
+                rows
+            } else {
+                0
+            };
+            Some(crate::unwind::Unwinder::new(rows_map, procs, py, capacity))
+        };
+        if offcpu_min_ns > 0 {
+            attach_offcpu(&mut ebpf, &btf)?;
+        }
+
         let mut control = Control {
             ebpf,
             counters,
@@ -189,7 +252,11 @@ impl Profiler {
                 source: io::Error::other("no online CPU"),
             });
         }
-        Ok(Profiler { ring, control })
+        Ok(Profiler {
+            ring,
+            control,
+            unwinder,
+        })
     }
 }
 
@@ -258,8 +325,8 @@ impl Control {
     }
 
     /// Sum over CPUs of every counter, in [`shared::Counter::ALL`] order.
-    pub(crate) fn read_counters(&self) -> Result<[u64; 8], BpfError> {
-        let mut out = [0u64; 8];
+    pub(crate) fn read_counters(&self) -> Result<[u64; shared::Counter::ALL.len()], BpfError> {
+        let mut out = [0u64; shared::Counter::ALL.len()];
         for c in shared::Counter::ALL {
             let v = self
                 .counters
@@ -288,6 +355,40 @@ impl Control {
         // Missing keys are fine: exec already removed it.
         let _ = self.skip.remove(&pid);
     }
+}
+
+/// Attaches the two off-CPU programs: `sched_switch` (a task blocks in a
+/// system call) and `sys_exit` (the call returns).
+fn attach_offcpu(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), BpfError> {
+    let out: &mut BtfTracePoint = ebpf
+        .program_mut(shared::PROGRAM_SWITCH_OUT)
+        .ok_or(BpfError::MissingProgram(shared::PROGRAM_SWITCH_OUT))?
+        .try_into()
+        .map_err(|source| BpfError::Program {
+            name: shared::PROGRAM_SWITCH_OUT,
+            source,
+        })?;
+    out.load(shared::SWITCH_TRACEPOINT, btf)
+        .and_then(|()| out.attach().map(drop))
+        .map_err(|source| BpfError::Program {
+            name: shared::PROGRAM_SWITCH_OUT,
+            source,
+        })?;
+    let inp: &mut RawTracePoint = ebpf
+        .program_mut(shared::PROGRAM_SWITCH_IN)
+        .ok_or(BpfError::MissingProgram(shared::PROGRAM_SWITCH_IN))?
+        .try_into()
+        .map_err(|source| BpfError::Program {
+            name: shared::PROGRAM_SWITCH_IN,
+            source,
+        })?;
+    inp.load()
+        .and_then(|()| inp.attach(shared::SYS_EXIT_TRACEPOINT).map(drop))
+        .map_err(|source| BpfError::Program {
+            name: shared::PROGRAM_SWITCH_IN,
+            source,
+        })?;
+    Ok(())
 }
 
 /// Registers the ring buffer's fd with the tokio reactor (must be called

@@ -23,16 +23,18 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fathom_agent_ebpf::{Event, EventKind};
+use fathom_agent_ebpf::{Event, EventKind, FLAG_USER_TRUNCATED};
 use fathom_model::Labels;
 use fathom_proto::push::{LabelPair, RawProfile};
 
 use crate::metrics::Metrics;
 use crate::pprof::{PprofBuilder, encode_gzip};
 use crate::procfs::{self, Backing, Mapping, Proc};
+use crate::python::PyProcess;
 use crate::relabel::{LabelMap, Relabeler};
 use crate::symbolize::{FrameKey, Object, Symbolizer};
 use crate::symtab::SymbolTable;
+use crate::unwind::{MappedFile, Rejected, Unwinder};
 
 /// Minimum time between two re-reads of one process's maps on a miss; it
 /// doubles, up to `MAPS_REFRESH_MAX`, while re-reads find nothing new (a
@@ -46,6 +48,9 @@ const CMDLINE_MAX: usize = 512;
 
 /// The profile name (`__name__`) of the agent's CPU profiles.
 pub(crate) const PROFILE_NAME: &str = "process_cpu";
+/// The profile name of off-CPU profiles (profile type
+/// `off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds`).
+pub(crate) const OFF_CPU_PROFILE_NAME: &str = "off_cpu";
 
 /// Static settings of the collector.
 #[derive(Clone, Debug)]
@@ -71,12 +76,16 @@ struct Process {
     ns_pid: u32,
     /// Push interval in which this process was last sampled.
     last_interval: u64,
+    /// A CPython process whose frames the BPF program records.
+    py: Option<PyProcess>,
 }
 
 #[derive(Default)]
 struct Aggregate {
     labels: Option<Arc<Labels>>,
     stacks: HashMap<Box<[FrameKey]>, u64>,
+    /// Off-CPU nanoseconds per stack.
+    offcpu: HashMap<Box<[FrameKey]>, u64>,
 }
 
 /// A process that relabeling dropped and that the kernel should skip.
@@ -102,6 +111,8 @@ pub(crate) struct Collector {
     skipped: HashMap<u32, u64>,
     expired_skips: Vec<u32>,
     metrics: Arc<Metrics>,
+    /// Unwind tables in the kernel; `None` in tests without BPF.
+    unwinder: Option<Unwinder>,
 }
 
 impl Collector {
@@ -120,6 +131,7 @@ impl Collector {
             skipped: HashMap::new(),
             expired_skips: Vec::new(),
             metrics,
+            unwinder: None,
         }
     }
 
@@ -137,9 +149,12 @@ impl Collector {
                 // A new address space: forget the old one. Samples taken
                 // before stay with the old incarnation's aggregate.
                 self.processes.remove(&key);
+                if let Some(u) = self.unwinder.as_mut() {
+                    u.forget_process(h.pid);
+                }
                 self.metrics.exec_events.inc();
             }
-            EventKind::Sample => {
+            EventKind::Sample | EventKind::OffCpu => {
                 self.metrics.samples.inc();
                 if !self.processes.contains_key(&key) {
                     let p = self.discover(h.pid, h.start_time, &h.process_name());
@@ -160,7 +175,7 @@ impl Collector {
                 };
                 let serial = p.serial;
                 let mut frames =
-                    Vec::with_capacity(usize::from(h.kframes) + usize::from(h.uframes));
+                    Vec::with_capacity(usize::from(h.kframes) + usize::from(h.uframes) + 1);
                 let kernel = self.sym.kernel().id;
                 for (i, a) in ev.kernel_frames().enumerate() {
                     // Past the leaf, frames are return addresses: look up the call.
@@ -170,8 +185,23 @@ impl Collector {
                         addr,
                     });
                 }
+                let mut cut = false;
+                let mut py = self.python_frames(key, ev).into_iter().peekable();
                 for (i, a) in ev.user_frames().enumerate() {
                     let addr = if i == 0 { a } else { a.saturating_sub(1) };
+                    if py.peek().is_some() && self.is_eval(key, addr) {
+                        // This interpreter call runs Python frames up to
+                        // its entry frame.
+                        for mut f in py.by_ref() {
+                            let entry = f.addr & (1 << 63) != 0;
+                            f.addr &= !(1 << 63);
+                            frames.push(f);
+                            if entry {
+                                break;
+                            }
+                        }
+                        continue;
+                    }
                     match self.user_frame(key, addr) {
                         Some(f) => frames.push(f),
                         None => {
@@ -180,9 +210,18 @@ impl Collector {
                             // what follows is noise. One marker frame says so.
                             self.metrics.frames_outside_mappings.inc();
                             frames.push(self.sym.truncated());
+                            cut = true;
                             break;
                         }
                     }
+                }
+                for mut f in py {
+                    f.addr &= !(1 << 63);
+                    frames.push(f);
+                }
+                if !cut && h.flags & FLAG_USER_TRUNCATED != 0 {
+                    // The unwinder stopped before the outermost frame.
+                    frames.push(self.sym.truncated_unwind());
                 }
                 if frames.is_empty() {
                     self.metrics.samples_without_stack.inc();
@@ -190,9 +229,173 @@ impl Collector {
                 }
                 let agg = self.aggregates.entry(serial).or_default();
                 agg.labels.get_or_insert(labels);
-                *agg.stacks.entry(frames.into_boxed_slice()).or_default() += 1;
+                if h.kind == EventKind::OffCpu {
+                    *agg.offcpu.entry(frames.into_boxed_slice()).or_default() += h.value;
+                } else {
+                    *agg.stacks.entry(frames.into_boxed_slice()).or_default() += 1;
+                }
             }
         }
+    }
+
+    /// Hands the unwind table maps to the collector: from now on every
+    /// process's executable files get tables (see `unwind`).
+    pub(crate) fn set_unwinder(&mut self, u: Unwinder) {
+        self.metrics
+            .unwind_table_budget_rows
+            .set(i64::try_from(u.stats().rows_budget).unwrap_or(i64::MAX));
+        self.unwinder = Some(u);
+    }
+
+    /// Gives the BPF unwinder the tables of process `key`'s files.
+    fn update_unwind(&mut self, key: (u32, u64)) {
+        let Some(u) = self.unwinder.as_mut() else {
+            return;
+        };
+        let Some(p) = self.processes.get(&key) else {
+            return;
+        };
+        let pid = p.pid;
+        let opens: Vec<(String, &Mapping)> = p
+            .maps
+            .iter()
+            .filter_map(|(m, o)| match &m.backing {
+                Backing::File { path, dev, inode } => Some((
+                    if o.build_id.is_empty() {
+                        format!("{path}:{dev}:{inode}")
+                    } else {
+                        o.build_id.clone()
+                    },
+                    m,
+                )),
+                _ => None,
+            })
+            .collect();
+        let closures: Vec<Box<dyn Fn() -> Option<std::fs::File>>> = opens
+            .iter()
+            .map(|(_, m)| {
+                let (start, end) = (m.start, m.end);
+                let path = match &m.backing {
+                    Backing::File { path, .. } => path.clone(),
+                    _ => String::new(),
+                };
+                let f: Box<dyn Fn() -> Option<std::fs::File>> = Box::new(move || {
+                    std::fs::File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}"))
+                        .or_else(|_| {
+                            std::fs::File::open(format!(
+                                "/proc/{pid}/root/{}",
+                                path.trim_start_matches('/')
+                            ))
+                        })
+                        .ok()
+                });
+                f
+            })
+            .collect();
+        let files: Vec<MappedFile<'_>> = opens
+            .iter()
+            .zip(&closures)
+            .map(|((k, m), open)| MappedFile {
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                key: k,
+                open: open.as_ref(),
+            })
+            .collect();
+        u.set_process(pid, &files);
+        // A CPython we know: tell the BPF program where its frames are.
+        let mut py = None;
+        let has_py = p.py.is_some();
+        for f in files.iter().filter(|_| !has_py) {
+            let Some((_, m)) = opens.iter().find(|(k, m)| k == f.key && m.start == f.start) else {
+                continue;
+            };
+            let Backing::File { path, .. } = &m.backing else {
+                continue;
+            };
+            let Some(off) = crate::python::offsets_for(path) else {
+                continue;
+            };
+            let Some(file) = (f.open)() else { continue };
+            let (Some(sym), Ok(layout)) = (
+                crate::python::symbols(&file),
+                crate::elf::ElfLayout::read(&file),
+            ) else {
+                continue;
+            };
+            let Some(vaddr) = layout.mapping_vaddr(m.offset) else {
+                continue;
+            };
+            let bias = m.start.wrapping_sub(vaddr);
+            if let Some(mut proc) = PyProcess::open(pid, off) {
+                proc.eval = vec![(sym.eval.0.wrapping_add(bias), sym.eval.1.wrapping_add(bias))];
+                u.set_python(pid, crate::python::proc_entry(&off, &sym, bias));
+                tracing::debug!(pid, path, "CPython 3.11: recording Python frames");
+                py = Some(proc);
+            }
+            break;
+        }
+        for r in u.take_rejections() {
+            let reason = match r {
+                Rejected::Budget => "budget",
+                Rejected::NoTable => "no_table",
+            };
+            self.metrics
+                .unwind_tables_rejected
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: reason.into(),
+                })
+                .inc();
+        }
+        let st = u.stats();
+        self.metrics.unwind_tables.set(st.tables as i64);
+        self.metrics
+            .unwind_table_rows
+            .set(i64::try_from(st.rows_used).unwrap_or(i64::MAX));
+        drop(files);
+        if let Some(py) = py
+            && let Some(p) = self.processes.get_mut(&key)
+        {
+            p.py = Some(py);
+        }
+    }
+
+    /// The user part of a stack with Python frames interleaved: each
+    /// `_PyEval_EvalFrameDefault` frame (leaf first) is replaced by the
+    /// Python frames it runs, up to and including the next entry frame.
+    /// Python frames left over (the native walk stopped early) go above
+    /// the native ones.
+    fn python_frames(&mut self, key: (u32, u64), ev: &Event<'_>) -> Vec<FrameKey> {
+        let Some(py) = self.processes.get_mut(&key).and_then(|p| p.py.as_mut()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (code, instr) in ev.python_frames() {
+            let entry = instr & 1 != 0;
+            let (name, file, line) = match py.code(code) {
+                Some(c) => (c.name.clone(), c.file.clone(), c.line_at(instr & !1)),
+                None => (Rc::from("[unknown python]"), Rc::from(""), 0),
+            };
+            out.push((name, file, line, entry));
+        }
+        out.into_iter()
+            .map(|(name, file, line, entry)| {
+                let mut f = self.sym.python_frame(&name, &file, line);
+                // The entry bit rides in the key's top bit until interleaving.
+                if entry {
+                    f.addr |= 1 << 63;
+                }
+                f
+            })
+            .collect()
+    }
+
+    fn is_eval(&self, key: (u32, u64), addr: u64) -> bool {
+        self.processes
+            .get(&key)
+            .and_then(|p| p.py.as_ref())
+            .is_some_and(|py| py.is_eval(addr))
     }
 
     fn unknown_object(&mut self, name: &str) -> Rc<Object> {
@@ -327,6 +530,7 @@ impl Collector {
         if let Some(p) = self.processes.get_mut(&key) {
             p.maps = resolved;
         }
+        self.update_unwind(key);
     }
 
     /// Builds the process entry on first sight: labels and relabeling. The
@@ -361,6 +565,7 @@ impl Collector {
             perf_map_read: None,
             ns_pid: self.proc.ns_pid(pid).unwrap_or(pid),
             last_interval: self.interval,
+            py: None,
         }
     }
 
@@ -378,9 +583,15 @@ impl Collector {
         let exe = self.proc.exe(pid).unwrap_or_default();
         let exe_name = exe.rsplit('/').next().unwrap_or("");
         put("executable", &exe);
+        let cmdline = self.proc.cmdline(pid, CMDLINE_MAX).unwrap_or_default();
+        let script = script_name(exe_name, &cmdline);
         put(
             fathom_model::SERVICE_NAME,
-            if exe_name.is_empty() { comm } else { exe_name },
+            match script {
+                Some(s) => s,
+                None if exe_name.is_empty() => comm,
+                None => exe_name,
+            },
         );
         put("__meta_process_executable_name", exe_name);
         if let Ok(cg) = self.proc.cgroup(pid) {
@@ -399,9 +610,7 @@ impl Collector {
                 put("pod", k.pod.as_deref().unwrap_or(""));
             }
         }
-        if let Ok(c) = self.proc.cmdline(pid, CMDLINE_MAX) {
-            put("__meta_process_cmdline", &c);
-        }
+        put("__meta_process_cmdline", &cmdline);
         l
     }
 
@@ -416,35 +625,48 @@ impl Collector {
         let duration_nanos = now.duration_since(start).map_or(0, |d| d.as_nanos() as i64);
         let period = i64::try_from(self.cfg.period_ns).unwrap_or(i64::MAX);
 
-        let mut groups: HashMap<Arc<Labels>, PprofBuilder> = HashMap::new();
+        let mut groups: HashMap<(Arc<Labels>, bool), PprofBuilder> = HashMap::new();
         let mut aggregates: Vec<Aggregate> =
             std::mem::take(&mut self.aggregates).into_values().collect();
         // Deterministic merge order.
         aggregates.sort_by(|a, b| a.labels.cmp(&b.labels));
         // Every new address first, object by object: a parsed file is then
         // opened at most once per interval.
-        self.sym
-            .resolve_all(aggregates.iter().flat_map(|a| a.stacks.keys().flatten()));
+        self.sym.resolve_all(
+            aggregates
+                .iter()
+                .flat_map(|a| a.stacks.keys().chain(a.offcpu.keys()).flatten()),
+        );
         for agg in aggregates {
             let Some(labels) = agg.labels else { continue };
-            let b = groups.entry(labels).or_default();
-            let mut stacks: Vec<_> = agg.stacks.into_iter().collect();
-            stacks.sort();
-            for (frames, n) in stacks {
-                b.add(&mut self.sym, &frames, n);
+            // CPU samples (false) and off-CPU time (true), one profile each.
+            for (offcpu, stacks) in [(false, agg.stacks), (true, agg.offcpu)] {
+                if stacks.is_empty() {
+                    continue;
+                }
+                let b = groups.entry((labels.clone(), offcpu)).or_default();
+                let mut stacks: Vec<_> = stacks.into_iter().collect();
+                stacks.sort();
+                for (frames, n) in stacks {
+                    b.add(&mut self.sym, &frames, n);
+                }
             }
         }
         let mut out = Vec::with_capacity(groups.len());
         let mut groups: Vec<_> = groups.into_iter().collect();
         groups.sort_by(|a, b| a.0.cmp(&b.0));
-        for (labels, b) in groups {
+        for ((labels, offcpu), b) in groups {
             if b.is_empty() {
                 continue;
             }
             self.metrics
                 .unsymbolized_locations
                 .inc_by(b.unsymbolized_locations);
-            let p = b.finish(time_nanos, duration_nanos, period);
+            let p = if offcpu {
+                b.finish_off_cpu(time_nanos, duration_nanos)
+            } else {
+                b.finish(time_nanos, duration_nanos, period)
+            };
             let mut pairs: Vec<LabelPair> = labels
                 .iter()
                 .map(|(k, v)| LabelPair {
@@ -454,7 +676,12 @@ impl Collector {
                 .collect();
             pairs.push(LabelPair {
                 name: "__name__".into(),
-                value: PROFILE_NAME.into(),
+                value: if offcpu {
+                    OFF_CPU_PROFILE_NAME
+                } else {
+                    PROFILE_NAME
+                }
+                .into(),
             });
             out.push(RawProfile {
                 labels: pairs,
@@ -472,8 +699,28 @@ impl Collector {
         let proc = &self.proc;
         // A process not sampled during the interval that just ended and no
         // longer alive is forgotten.
-        self.processes
-            .retain(|_, p| p.last_interval >= interval || proc.alive(p.pid));
+        let mut gone = Vec::new();
+        self.processes.retain(|_, p| {
+            let keep = p.last_interval >= interval || proc.alive(p.pid);
+            if !keep {
+                gone.push(p.pid);
+            }
+            keep
+        });
+        if let Some(u) = self.unwinder.as_mut() {
+            for pid in gone {
+                // Unless the pid was reused by a process still known.
+                if !self.processes.keys().any(|&(p, _)| p == pid) {
+                    u.forget_process(pid);
+                }
+            }
+            u.end_interval();
+            let st = u.stats();
+            self.metrics.unwind_tables.set(st.tables as i64);
+            self.metrics
+                .unwind_table_rows
+                .set(i64::try_from(st.rows_used).unwrap_or(i64::MAX));
+        }
         let mut expired = Vec::new();
         self.skipped.retain(|&pid, _| {
             let alive = proc.alive(pid);
@@ -502,9 +749,55 @@ impl Collector {
     }
 
     #[cfg(test)]
+    pub(crate) fn debug_unwind(&self, pid: u32) -> String {
+        let Some(u) = self.unwinder.as_ref() else {
+            return "no unwinder".into();
+        };
+        let maps: Vec<String> = self
+            .processes
+            .iter()
+            .filter(|((p, _), _)| *p == pid)
+            .flat_map(|(_, p)| {
+                p.maps.iter().map(|(m, o)| {
+                    format!(
+                        "{:x}-{:x}@{:x} {} {}",
+                        m.start, m.end, m.offset, o.name, o.build_id
+                    )
+                })
+            })
+            .collect();
+        match u.kernel_entry(pid) {
+            Some(e) => format!("{:?} {maps:?} {:x?}", u.stats(), &e.maps[..e.len as usize]),
+            None => format!("{:?} no entry; maps {maps:?}", u.stats()),
+        }
+    }
+
+    #[cfg(test)]
     fn process_count(&self) -> usize {
         self.processes.len()
     }
+}
+
+/// For an interpreter (`python…`), the file name of the script it runs
+/// (or the module of `-m`): what names a Python service.
+fn script_name<'a>(exe_name: &str, cmdline: &'a str) -> Option<&'a str> {
+    if !exe_name.starts_with("python") {
+        return None;
+    }
+    let mut args = cmdline.split(' ').skip(1);
+    while let Some(a) = args.next() {
+        match a {
+            "-m" => return args.next(),
+            // Options that take a value.
+            "-W" | "-X" | "-Q" => {
+                args.next();
+            }
+            "-c" | "-" => return None,
+            a if a.starts_with('-') => {}
+            a => return a.rsplit('/').next(),
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -544,6 +837,9 @@ mod tests {
             uframes: 0,
             kerr: 0,
             uerr: 0,
+            flags: 0,
+            pyframes: 0,
+            value: 0,
         }
     }
 
@@ -657,6 +953,69 @@ mod tests {
         // Dead and unsampled: forgotten after the interval.
         c.take_profiles();
         assert_eq!(c.process_count(), 0);
+    }
+
+    #[test]
+    fn python_service_name_is_the_script() {
+        assert_eq!(
+            script_name("python3.11", "python3 -u /srv/app/worker.py --x 1"),
+            Some("worker.py")
+        );
+        assert_eq!(
+            script_name("python3.11", "python3 -m http.server"),
+            Some("http.server")
+        );
+        assert_eq!(script_name("python3.11", "python3 -c print(1)"), None);
+        assert_eq!(script_name("node", "node app.js"), None);
+    }
+
+    #[test]
+    fn truncated_unwind_gets_a_root_marker_and_off_cpu_its_own_profile() {
+        let mut c = collector("");
+        let pid = u32::MAX - 11;
+        let mut h = header(EventKind::Sample, pid, 1);
+        h.flags = FLAG_USER_TRUNCATED;
+        c.on_event(&parse_event(&encode_event(&h, &[0xffffffff81000010], &[])).unwrap());
+        let mut off = header(EventKind::OffCpu, pid, 1);
+        off.value = 7_000_000;
+        for _ in 0..2 {
+            c.on_event(&parse_event(&encode_event(&off, &[0xffffffff81000110], &[])).unwrap());
+        }
+        let out = c.take_profiles();
+        assert_eq!(out.len(), 2);
+        let name = |r: &RawProfile| {
+            labels_of(r)
+                .into_iter()
+                .find(|(k, _)| k == "__name__")
+                .unwrap()
+                .1
+        };
+        let cpu = out.iter().find(|r| name(r) == PROFILE_NAME).unwrap();
+        let p = decode(&cpu.pprof, 1 << 24).unwrap();
+        assert_eq!(
+            folded(&p),
+            vec![("[truncated];entry_SYSCALL_64".to_string(), 1)]
+        );
+        let offcpu = out
+            .iter()
+            .find(|r| name(r) == OFF_CPU_PROFILE_NAME)
+            .unwrap();
+        let p = decode(&offcpu.pprof, 1 << 24).unwrap();
+        assert_eq!(folded(&p), vec![("do_sys_write".to_string(), 14_000_000)]);
+        let st = |v: &fathom_proto::pprof::ValueType| {
+            (
+                p.string_table[v.r#type as usize].clone(),
+                p.string_table[v.unit as usize].clone(),
+            )
+        };
+        assert_eq!(
+            p.sample_type.iter().map(st).collect::<Vec<_>>(),
+            vec![("off_cpu".to_string(), "nanoseconds".to_string())]
+        );
+        assert_eq!(
+            p.period_type.as_ref().map(st),
+            Some(("off_cpu".to_string(), "nanoseconds".to_string()))
+        );
     }
 
     #[test]

@@ -609,6 +609,19 @@ impl ElfLayout {
         })
     }
 
+    /// The virtual address a mapping of the file that starts at file offset
+    /// `offset` (page-aligned, as in /proc/<pid>/maps) is loaded at: that
+    /// of the last loadable segment starting in the same page or before.
+    /// Linkers like lld do not align segments to pages in the file, so the
+    /// mapping's first page may also hold the end of the previous segment.
+    pub(crate) fn mapping_vaddr(&self, offset: u64) -> Option<u64> {
+        self.loads
+            .iter()
+            .filter(|l| l.offset & !0xfff <= offset && offset < l.offset + l.filesz.max(1))
+            .max_by_key(|l| l.offset)
+            .map(|l| offset.wrapping_sub(l.offset).wrapping_add(l.vaddr))
+    }
+
     /// The contents of section `s`, decompressed if it is compressed.
     pub(crate) fn read_section(&self, file: &File, s: &NamedSection) -> Result<Vec<u8>, ElfError> {
         if s.size > MAX_SECTION {

@@ -36,12 +36,15 @@ mod mem;
 mod metrics;
 mod pprof;
 mod procfs;
+mod python;
 mod relabel;
 mod sampler;
 mod scrape;
 mod ship;
 mod symbolize;
 mod symtab;
+mod unwind;
+mod upload;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -166,6 +169,55 @@ pub struct AgentArgs {
     )]
     pub dwarf_max_file_size: bytesize::ByteSize,
 
+    /// Where native frames are symbolized. `local` (the default): here,
+    /// from the binaries' symbols and DWARF, so any Fathom server shows
+    /// names, even without debug info uploaded. `server`: frames of
+    /// binaries with a GNU build id are sent as build id + address and the
+    /// server symbolizes them from uploaded or debuginfod debug info (the
+    /// way to profile stripped binaries; costs the agent less, see
+    /// docs/symbols.md). Kernel and JIT frames are always named here.
+    #[arg(long, env = "FATHOM_AGENT_SYMBOLIZE", value_enum, default_value_t = SymbolizeMode::Local)]
+    pub symbolize: SymbolizeMode,
+
+    /// With `--symbolize=server`: upload the binaries found mapped on this
+    /// host that carry symbols (DWARF, `.symtab`, Go `.gopclntab`) and
+    /// whose build id the server lacks, once per build id per run, one at a
+    /// time, at most `--upload-debuginfo-rate` bytes per second.
+    #[arg(long, env = "FATHOM_AGENT_UPLOAD_DEBUGINFO")]
+    pub upload_debuginfo: bool,
+
+    /// Bandwidth of `--upload-debuginfo`, per second.
+    #[arg(
+        long,
+        env = "FATHOM_AGENT_UPLOAD_DEBUGINFO_RATE",
+        default_value = "1MiB"
+    )]
+    pub upload_debuginfo_rate: bytesize::ByteSize,
+
+    /// Binaries larger than this are not uploaded.
+    #[arg(
+        long,
+        env = "FATHOM_AGENT_UPLOAD_DEBUGINFO_MAX_SIZE",
+        default_value = "256MiB"
+    )]
+    pub upload_debuginfo_max_size: bytesize::ByteSize,
+    /// Kernel memory for the unwind tables built from binaries' .eh_frame
+    /// and .debug_frame (12 bytes a row), which walk stacks of code built
+    /// without frame pointers. A binary whose table does not fit is unwound
+    /// with frame pointers. 0 turns table unwinding off.
+    #[arg(
+        long,
+        env = "FATHOM_AGENT_UNWIND_TABLE_BUDGET",
+        default_value = "32MiB"
+    )]
+    pub unwind_table_budget: bytesize::ByteSize,
+
+    /// Record off-CPU time (a second profile type, `off_cpu`): every time
+    /// a thread was off its CPU (blocked, sleeping, preempted) for at least
+    /// this long, with the stack where it left. Off when not given.
+    #[arg(long, env = "FATHOM_AGENT_OFF_CPU_THRESHOLD", value_parser = parse_threshold)]
+    pub off_cpu_threshold: Option<Duration>,
+
     /// Do not profile the agent's own process (it is profiled like any other
     /// by default).
     #[arg(long, env = "FATHOM_AGENT_EXCLUDE_SELF")]
@@ -189,10 +241,27 @@ pub struct AgentArgs {
     pub metrics_listen: SocketAddr,
 }
 
+/// Where the agent's native frames are symbolized (`--symbolize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SymbolizeMode {
+    Local,
+    Server,
+}
+
 fn parse_interval(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     if d < Duration::from_secs(1) {
         return Err("must be at least 1s".into());
+    }
+    Ok(d)
+}
+
+fn parse_threshold(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_micros(10) {
+        return Err(
+            "must be at least 10us (shorter thresholds cost a record per context switch)".into(),
+        );
     }
     Ok(d)
 }
@@ -211,6 +280,12 @@ impl Default for AgentArgs {
             node: None,
             relabel_config: None,
             dwarf_max_file_size: bytesize::ByteSize::b(symbolize::DEFAULT_DWARF_MAX),
+            symbolize: SymbolizeMode::Local,
+            upload_debuginfo: false,
+            upload_debuginfo_rate: bytesize::ByteSize::mib(1),
+            upload_debuginfo_max_size: bytesize::ByteSize::mib(256),
+            unwind_table_budget: bytesize::ByteSize::b(unwind::DEFAULT_BUDGET),
+            off_cpu_threshold: None,
             exclude_self: false,
             no_cpu_profiling: false,
             scrape_config: None,
@@ -281,6 +356,18 @@ pub async fn run_with_registry(
         ),
         None => args.bearer_token.clone(),
     };
+    if args.upload_debuginfo {
+        if args.symbolize != SymbolizeMode::Server {
+            anyhow::bail!("--upload-debuginfo needs --symbolize=server");
+        }
+        upload::start(upload::UploadConfig {
+            remote: args.remote.clone(),
+            tenant: args.tenant.clone(),
+            bearer_token: bearer_token.clone(),
+            rate: args.upload_debuginfo_rate.as_u64(),
+            max_size: args.upload_debuginfo_max_size.as_u64(),
+        })?;
+    }
     let sender = ship::Sender::new(ship::ShipConfig {
         remote: args.remote.clone(),
         tenant: args.tenant.clone(),
@@ -305,6 +392,7 @@ pub async fn run_with_registry(
     .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
 
     let node = args.node.clone().unwrap_or_else(procfs::hostname);
+    symbolize::set_server_mode(args.symbolize == SymbolizeMode::Server);
     let sampler = if args.no_cpu_profiling {
         None
     } else {
@@ -312,6 +400,10 @@ pub async fn run_with_registry(
             bpf: bpf::BpfConfig {
                 sampling_hz: args.sampling_hz,
                 exclude_pid: args.exclude_self.then(std::process::id),
+                unwind_budget: args.unwind_table_budget.as_u64(),
+                offcpu_min_ns: args
+                    .off_cpu_threshold
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             },
             collector: collector::CollectorConfig {
                 node: node.clone(),

@@ -28,8 +28,8 @@ pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn load(hz: u64, exclude_pid: Option<u32>) -> Profiler {
     match Profiler::load(&BpfConfig {
-        sampling_hz: hz,
         exclude_pid,
+        ..BpfConfig::cpu(hz)
     }) {
         Ok(p) => p,
         Err(e) => panic!(
@@ -363,6 +363,27 @@ fn build_workload(dir: &std::path::Path, what: &str) -> std::path::PathBuf {
                 .status();
             (out, s)
         }
+        // The same without frame pointers, as most C and Rust is built.
+        "nofp-c" => {
+            let out = dir.join("nofpc");
+            let s = std::process::Command::new("clang")
+                .args(["-O2", "-g", "-fomit-frame-pointer"])
+                .arg(src.join("nofp.c"))
+                .arg("-o")
+                .arg(&out)
+                .status();
+            (out, s)
+        }
+        "nofp-rust" => {
+            let out = dir.join("nofprs");
+            let s = std::process::Command::new("rustc")
+                .args(["-C", "opt-level=2", "-g", "--edition", "2021"])
+                .arg(src.join("nofp.rs"))
+                .arg("-o")
+                .arg(&out)
+                .status();
+            (out, s)
+        }
         other => panic!("unknown workload {other}"),
     };
     assert!(status.unwrap().success(), "building the {what} workload");
@@ -377,6 +398,10 @@ type ChildProfile = (Vec<(String, i64)>, Vec<(String, String)>);
 #[derive(Debug)]
 struct Incarnation {
     comm: String,
+    /// `__name__`: `process_cpu` or `off_cpu`.
+    name: String,
+    /// (function, file name) of every function in the profile.
+    functions: Vec<(String, String)>,
     stacks: Vec<(String, i64)>,
     labels: Vec<(String, String)>,
 }
@@ -391,7 +416,16 @@ impl ChildProfiles {
     /// The incarnation whose `comm` is `comm` (the program the test ran),
     /// or an empty one when that program was never sampled.
     fn of(&self, comm: &str) -> ChildProfile {
-        match self.0.iter().find(|i| i.comm == comm) {
+        self.named(comm, crate::collector::PROFILE_NAME)
+    }
+
+    /// The off-CPU profile of the incarnation whose `comm` is `comm`.
+    fn off_cpu_of(&self, comm: &str) -> ChildProfile {
+        self.named(comm, crate::collector::OFF_CPU_PROFILE_NAME)
+    }
+
+    fn named(&self, comm: &str, name: &str) -> ChildProfile {
+        match self.0.iter().find(|i| i.comm == comm && i.name == name) {
             Some(i) => (i.stacks.clone(), i.labels.clone()),
             None => {
                 let seen: Vec<_> = self.0.iter().map(|i| i.comm.as_str()).collect();
@@ -404,9 +438,20 @@ impl ChildProfiles {
 
 /// Samples the whole host at `hz` while `cmd` runs, and returns the
 /// profiles of the child's pid, one per incarnation.
-fn profile_child(mut cmd: std::process::Command, hz: u64) -> ChildProfiles {
+fn profile_child(cmd: std::process::Command, hz: u64) -> ChildProfiles {
+    profile_child_with(cmd, BpfConfig::cpu(hz))
+}
+
+/// [`profile_child`] with other BPF settings (off-CPU, unwind budget).
+fn profile_child_with(mut cmd: std::process::Command, cfg: BpfConfig) -> ChildProfiles {
     let _serial = serial();
-    let mut p = load(hz, None);
+    let hz = cfg.sampling_hz;
+    let mut p = match Profiler::load(&cfg) {
+        Ok(p) => p,
+        Err(e) => panic!(
+            "cannot load the BPF profiler (these tests need root and a kernel with BTF): {e}\n{e:?}"
+        ),
+    };
     let mut reg = Registry::default();
     let mut c = Collector::new(
         CollectorConfig {
@@ -418,6 +463,9 @@ fn profile_child(mut cmd: std::process::Command, hz: u64) -> ChildProfiles {
         Symbolizer::read_kallsyms(),
         Arc::new(Metrics::new(&mut reg)),
     );
+    if let Some(u) = p.unwinder.take() {
+        c.set_unwinder(u);
+    }
     // Steady state first: the processes already running are discovered in
     // the first drains, as an agent that has been up for a while has.
     let warm = Instant::now() + Duration::from_millis(600);
@@ -440,6 +488,9 @@ fn profile_child(mut cmd: std::process::Command, hz: u64) -> ChildProfiles {
     }
     // Whatever the kernel still holds for it.
     std::thread::sleep(Duration::from_millis(100));
+    if std::env::var_os("FATHOM_DEBUG_UNWIND").is_some() {
+        eprintln!("{:?}", c.debug_unwind(child.id()));
+    }
     while let Some(item) = p.ring.next() {
         c.on_event(&parse_event(&item).unwrap());
     }
@@ -453,13 +504,28 @@ fn profile_child(mut cmd: std::process::Command, hz: u64) -> ChildProfiles {
                 .iter()
                 .map(|l| (l.name.clone(), l.value.clone()))
                 .collect();
-            let comm = labels
+            let get = |name: &str| {
+                labels
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            };
+            let p = decode(&r.pprof, 1 << 26).unwrap();
+            let functions = p
+                .function
                 .iter()
-                .find(|(k, _)| k == "comm")
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default();
+                .map(|f| {
+                    (
+                        p.string_table[f.name as usize].clone(),
+                        p.string_table[f.filename as usize].clone(),
+                    )
+                })
+                .collect();
             Incarnation {
-                comm,
+                comm: get("comm"),
+                name: get("__name__"),
+                functions,
                 stacks: folded(&decode(&r.pprof, 1 << 26).unwrap()),
                 labels,
             }
@@ -587,6 +653,198 @@ fn exec_keeps_both_incarnations_of_a_pid() {
         let want = if comm == "hotc" { &hotc } else { &before };
         assert_eq!(exe, want.to_str(), "{comm}: {labels:?}");
     }
+}
+
+#[test]
+fn c_without_frame_pointers_full_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload(dir.path(), "nofp-c");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["cpu", "3"]);
+    let cfg = match std::env::var("FATHOM_DEBUG_BUDGET") {
+        Ok(b) => BpfConfig {
+            unwind_budget: b.parse().unwrap(),
+            ..BpfConfig::cpu(199)
+        },
+        Err(_) => BpfConfig::cpu(199),
+    };
+    let (stacks, _) = profile_child_with(cmd, cfg).of("nofpc");
+    let (leaf, total) = share(&stacks, |s| s.ends_with(";c_hot"));
+    assert!(total > 150, "{total} samples: {stacks:#?}");
+    assert!(
+        leaf * 100 >= total * 80,
+        "c_hot {leaf} of {total}: {stacks:#?}"
+    );
+    // The whole chain, in order, from libc's start code down to the leaf.
+    let (chain, _) = share(&stacks, |s| {
+        s.ends_with(";main;c_level1;c_level2;c_level3;c_level4;c_hot")
+            && s.contains("__libc_start")
+            && !s.contains("[truncated]")
+    });
+    assert!(
+        chain * 100 >= leaf * 90,
+        "full chain in {chain} of {leaf} samples of c_hot: {stacks:#?}"
+    );
+}
+
+#[test]
+fn rust_without_frame_pointers_full_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload(dir.path(), "nofp-rust");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg("3");
+    let (stacks, _) = profile_child(cmd, 199).of("nofprs");
+    let (leaf, total) = share(&stacks, |s| s.contains(";nofp::rs_hot"));
+    assert!(total > 150, "{total} samples: {stacks:#?}");
+    assert!(
+        leaf * 100 >= total * 80,
+        "rs_hot {leaf} of {total}: {stacks:#?}"
+    );
+    // From _start (the outermost frame) through std's runtime to the leaf.
+    let (chain, _) = share(&stacks, |s| {
+        s.starts_with("_start;")
+            && s.contains(
+                ";nofp::main;nofp::rs_level1;nofp::rs_level2;nofp::rs_level3;nofp::rs_level4;nofp::rs_hot",
+            )
+            && !s.contains("[truncated]")
+    });
+    assert!(
+        chain * 100 >= leaf * 90,
+        "full chain in {chain} of {leaf} samples of rs_hot: {stacks:#?}"
+    );
+}
+
+#[test]
+fn hot_loop_in_libc_shows_the_callers_above_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload(dir.path(), "nofp-c");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["memcpy", "3"]);
+    let (stacks, _) = profile_child(cmd, 199).of("nofpc");
+    // Debian's libc has no frame pointers; its memcpy is the leaf.
+    let in_libc = |s: &str| {
+        let leaf = s.rsplit(';').next().unwrap_or("");
+        leaf.contains("memcpy") || leaf.contains("memmove")
+    };
+    let (leaf, total) = share(&stacks, in_libc);
+    assert!(total > 150, "{total} samples: {stacks:#?}");
+    assert!(
+        leaf * 100 >= total * 50,
+        "memcpy {leaf} of {total}: {stacks:#?}"
+    );
+    let (chain, _) = share(&stacks, |s| {
+        in_libc(s) && s.contains(";main;copy_outer;copy_middle;copy_inner;")
+    });
+    assert!(
+        chain * 100 >= leaf * 90,
+        "callers above libc's memcpy in {chain} of {leaf}: {stacks:#?}"
+    );
+}
+
+#[test]
+fn off_cpu_time_under_the_blocking_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload(dir.path(), "nofp-c");
+    let mut cmd = std::process::Command::new(&bin);
+    // 50 sleeps of 20 ms.
+    cmd.args(["sleep", "1"]);
+    let cfg = BpfConfig {
+        offcpu_min_ns: 1_000_000,
+        ..BpfConfig::cpu(99)
+    };
+    let (stacks, labels) = profile_child_with(cmd, cfg).off_cpu_of("nofpc");
+    let get = |k: &str| labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    assert_eq!(get("service_name"), Some("nofpc"));
+    let (blocked, total) = share(&stacks, |s| {
+        s.contains(";main;wait_outer;wait_middle;") && s.contains("nanosleep")
+    });
+    // Values are nanoseconds off CPU: about 1 s in all.
+    assert!(total >= 800_000_000, "{total} ns off CPU: {stacks:#?}");
+    assert!(
+        blocked * 100 >= total * 90,
+        "{blocked} of {total} ns under wait_middle's nanosleep: {stacks:#?}"
+    );
+}
+
+/// Runs integration/agent/hot.py with `python` and checks its Python
+/// frames: in order, with the script's file, under service_name = hot.py.
+fn python_frames_in_order(python: &str) {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integration/agent/hot.py");
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(&script).arg("3");
+    let profiles = profile_child(cmd, 199);
+    let inc = profiles
+        .0
+        .iter()
+        .find(|i| {
+            i.name == crate::collector::PROFILE_NAME
+                && i.labels
+                    .iter()
+                    .any(|(k, v)| k == "service_name" && v == "hot.py")
+        })
+        .unwrap_or_else(|| panic!("no profile with service_name hot.py: {profiles:#?}"));
+    let stacks = &inc.stacks;
+    let (hot, total) = share(stacks, |s| s.contains(";py_hot"));
+    assert!(total > 150, "{total} samples: {stacks:#?}");
+    assert!(
+        hot * 100 >= total * 80,
+        "py_hot {hot} of {total}: {stacks:#?}"
+    );
+    // In order, the interpreter's own C frames between them replaced.
+    let (chain, _) = share(stacks, |s| {
+        s.contains("main;py_outer;py_middle;py_inner;py_hot")
+    });
+    assert!(
+        chain * 100 >= hot * 90,
+        "the Python chain in {chain} of {hot}: {stacks:#?}"
+    );
+    for f in ["py_hot", "py_inner", "py_middle", "py_outer", "main"] {
+        assert!(
+            inc.functions
+                .iter()
+                .any(|(n, file)| n == f && file.ends_with("integration/agent/hot.py")),
+            "{f} with hot.py as its file: {:?}",
+            inc.functions
+        );
+    }
+    // Native frames of the interpreter stay below (toward the root).
+    let (native, _) = share(stacks, |s| {
+        s.contains("Py_RunMain") || s.contains("Py_BytesMain")
+    });
+    assert!(
+        native * 2 >= hot,
+        "interpreter frames below Python's in {native} of {hot}"
+    );
+}
+
+#[test]
+fn python_frames_debian_python3() {
+    python_frames_in_order("/usr/bin/python3");
+}
+
+/// The other CPython 3.11 build of this machine: pyenv's (under
+/// `$PYENV_ROOT`, default `~/.pyenv`).
+#[test]
+fn python_frames_pyenv_python3() {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".pyenv")))
+        .unwrap_or_else(|| "/root/.pyenv".into());
+    let found = std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("3.11"))
+        .map(|e| e.path().join("bin/python3.11"))
+        .find(|p| p.exists());
+    let Some(python) = found else {
+        panic!(
+            "this test runs a second CPython 3.11 build, from pyenv ({}/versions/3.11.*), and there is none",
+            root.display()
+        );
+    };
+    python_frames_in_order(python.to_str().unwrap());
 }
 
 #[test]

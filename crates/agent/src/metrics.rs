@@ -51,6 +51,14 @@ pub(crate) struct Metrics {
     pub(crate) stack_errors: Family<StackLabels, Counter>,
     pub(crate) exec_events_lost: Counter,
     pub(crate) attached_cpus: Gauge,
+    pub(crate) user_stacks_tables: Counter,
+    pub(crate) user_stacks_truncated: Counter,
+    pub(crate) offcpu_events: Counter,
+    // Unwind tables.
+    pub(crate) unwind_tables: Gauge,
+    pub(crate) unwind_table_rows: Gauge,
+    pub(crate) unwind_table_budget_rows: Gauge,
+    pub(crate) unwind_tables_rejected: Family<ReasonLabel, Counter>,
     // User space.
     pub(crate) samples: Counter,
     pub(crate) exec_events: Counter,
@@ -88,6 +96,13 @@ impl Metrics {
             stack_errors: Family::default(),
             exec_events_lost: Counter::default(),
             attached_cpus: Gauge::default(),
+            user_stacks_tables: Counter::default(),
+            user_stacks_truncated: Counter::default(),
+            offcpu_events: Counter::default(),
+            unwind_tables: Gauge::default(),
+            unwind_table_rows: Gauge::default(),
+            unwind_table_budget_rows: Gauge::default(),
+            unwind_tables_rejected: Family::default(),
             samples: Counter::default(),
             exec_events: Counter::default(),
             samples_dropped_by_relabel: Counter::default(),
@@ -115,6 +130,41 @@ impl Metrics {
             "bpf_events",
             "CPU-clock perf events that fired on any CPU (including idle and excluded ones)",
             m.bpf_events.clone(),
+        );
+        r.register(
+            "user_stacks_unwound_with_tables",
+            "User stacks the BPF program walked with unwind tables (.eh_frame) instead of frame pointers",
+            m.user_stacks_tables.clone(),
+        );
+        r.register(
+            "user_stacks_truncated",
+            "User stacks walked with unwind tables that could not be walked to their outermost frame (marked [truncated])",
+            m.user_stacks_truncated.clone(),
+        );
+        r.register(
+            "offcpu_events",
+            "Off-CPU events (a task back on a CPU after at least --off-cpu-threshold away) recorded",
+            m.offcpu_events.clone(),
+        );
+        r.register(
+            "unwind_tables",
+            "Binaries whose unwind table is loaded in the kernel",
+            m.unwind_tables.clone(),
+        );
+        r.register(
+            "unwind_table_rows",
+            "Unwind table rows in use (12 bytes each)",
+            m.unwind_table_rows.clone(),
+        );
+        r.register(
+            "unwind_table_budget_rows",
+            "Unwind table rows the budget allows (--unwind-table-budget / 12 bytes)",
+            m.unwind_table_budget_rows.clone(),
+        );
+        r.register(
+            "unwind_tables_rejected",
+            "Binaries left without an unwind table, by reason (budget: did not fit; no_table: no usable CFI or unreadable)",
+            m.unwind_tables_rejected.clone(),
         );
         r.register(
             "bpf_idle",

@@ -208,6 +208,30 @@ impl PprofBuilder {
     }
 }
 
+impl PprofBuilder {
+    /// The finished off-CPU profile: sample type, period type
+    /// `off_cpu/nanoseconds`, values the nanoseconds off CPU summed with
+    /// [`PprofBuilder::add`].
+    pub(crate) fn finish_off_cpu(self, time_nanos: i64, duration_nanos: i64) -> pprof::Profile {
+        let mut p = self.finish(time_nanos, duration_nanos, 1);
+        let off = p.string_table.len() as i64;
+        p.string_table.push("off_cpu".into());
+        let ns = p.sample_type[1].unit;
+        let t = pprof::ValueType {
+            r#type: off,
+            unit: ns,
+        };
+        p.period_type = Some(t);
+        p.sample_type = vec![t];
+        p.period = 0;
+        p.default_sample_type = off;
+        for s in &mut p.sample {
+            s.value.truncate(1);
+        }
+        p
+    }
+}
+
 /// Encodes a profile as gzip'd protobuf, the way pprof files are stored.
 pub(crate) fn encode_gzip(p: &pprof::Profile) -> Vec<u8> {
     let raw = p.encode_to_vec();

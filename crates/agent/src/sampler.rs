@@ -89,12 +89,14 @@ pub(crate) fn start(
 }
 
 /// Counter values at the previous read, to turn totals into increments.
+const COUNTERS: usize = shared::Counter::ALL.len();
+
 struct KernelCounters {
-    last: [u64; 8],
+    last: [u64; COUNTERS],
 }
 
 impl KernelCounters {
-    fn publish(&mut self, now: [u64; 8], m: &Metrics) {
+    fn publish(&mut self, now: [u64; COUNTERS], m: &Metrics) {
         use shared::Counter as C;
         let d = |c: C| now[c.index() as usize].saturating_sub(self.last[c.index() as usize]);
         m.bpf_events.inc_by(d(C::Samples));
@@ -107,6 +109,10 @@ impl KernelCounters {
             .inc_by(d(C::UserStackError));
         m.stack_error("user", "empty").inc_by(d(C::UserStackEmpty));
         m.exec_events_lost.inc_by(d(C::ExecLost));
+        m.user_stacks_tables.inc_by(d(C::UserStackTables));
+        m.user_stacks_truncated.inc_by(d(C::UserStackTruncated));
+        m.offcpu_events.inc_by(d(C::OffCpu));
+        m.lost("offcpu_ringbuf_full").inc_by(d(C::OffCpuLost));
         if d(C::RingbufFull) > 0 {
             tracing::warn!(lost = d(C::RingbufFull), "samples lost: ring buffer full");
         }
@@ -122,7 +128,11 @@ async fn run(
     mut shutdown: watch::Receiver<bool>,
     ready: std::sync::mpsc::Sender<Result<(), BpfError>>,
 ) {
-    let Profiler { ring, mut control } = profiler;
+    let Profiler {
+        ring,
+        mut control,
+        unwinder,
+    } = profiler;
     let mut ring = match crate::bpf::async_ring(ring) {
         Ok(r) => r,
         Err(source) => {
@@ -151,10 +161,15 @@ async fn run(
         );
     }
     let mut collector = Collector::new(cfg.collector.clone(), kallsyms, metrics.clone());
+    if let Some(u) = unwinder {
+        collector.set_unwinder(u);
+    }
     // Loading the program parsed the kernel's BTF (~20 MB, all freed now);
     // do not keep those pages as the floor the agent runs on.
     crate::mem::release_free_memory();
-    let mut counters = KernelCounters { last: [0; 8] };
+    let mut counters = KernelCounters {
+        last: [0; COUNTERS],
+    };
     let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
     let mut cpu_tick = tokio::time::interval(CPU_CHECK_EVERY);
     let mut push_tick = tokio::time::interval_at(

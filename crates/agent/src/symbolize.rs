@@ -257,6 +257,8 @@ enum Kind {
     /// Where a user stack was cut because a frame fell outside every mapping.
     Truncated,
     Unknown,
+    /// Python frames: the address indexes `Symbolizer::python_frames`.
+    Python,
 }
 
 /// address → (lines innermost first, empty when unsymbolizable; interval of
@@ -307,6 +309,10 @@ pub(crate) struct Symbolizer {
     kernel: Rc<Object>,
     vdso: Rc<Object>,
     truncated: Rc<Object>,
+    python: Rc<Object>,
+    /// Python frames seen (function, file, line), by index.
+    python_frames: Vec<Line>,
+    python_ids: HashMap<(Rc<str>, Rc<str>, i64), u64>,
     next_id: u32,
     /// Push intervals so far; the clock for eviction.
     interval: u64,
@@ -317,18 +323,21 @@ pub(crate) struct Symbolizer {
     open_dwarf: Vec<u32>,
 }
 
-pub(crate) fn demangle(name: &str) -> String {
-    if let Ok(d) = rustc_demangle::try_demangle(name) {
-        return format!("{d:#}");
-    }
-    if name.starts_with("_Z")
-        && let Ok(sym) = cpp_demangle::Symbol::new(name)
-        && let Ok(s) = sym.demangle_with_options(&cpp_demangle::DemangleOptions::new().no_params())
-    {
-        return s;
-    }
-    name.to_owned()
+/// `--symbolize=server`: ELF frames of objects with a GNU build id are sent
+/// as (build id, file offset) and symbolized by the server; the kernel,
+/// JIT perf maps and objects without a build id are still named here. One
+/// setting for the process, set once at start-up.
+static SERVER_MODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn set_server_mode(on: bool) {
+    SERVER_MODE.store(on, std::sync::atomic::Ordering::Relaxed);
 }
+
+fn server_mode() -> bool {
+    SERVER_MODE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) use fathom_model::demangle;
 
 impl Symbolizer {
     /// A symbolizer with the given kernel symbols (empty: kernel frames stay
@@ -353,12 +362,25 @@ impl Symbolizer {
                 String::new(),
                 Kind::Truncated,
             )),
-            next_id: 3,
+            python: Rc::new(new_object(
+                3,
+                "[python]".into(),
+                String::new(),
+                Kind::Python,
+            )),
+            python_frames: Vec::new(),
+            python_ids: HashMap::new(),
+            next_id: 4,
             interval: 0,
             strings: HashMap::new(),
             open_dwarf: Vec::new(),
         };
-        for o in [s.kernel.clone(), s.vdso.clone(), s.truncated.clone()] {
+        for o in [
+            s.kernel.clone(),
+            s.vdso.clone(),
+            s.truncated.clone(),
+            s.python.clone(),
+        ] {
             s.objects.insert(o.id, o);
         }
         s
@@ -391,6 +413,47 @@ impl Symbolizer {
         FrameKey {
             object: self.truncated.id,
             addr: 0,
+        }
+    }
+
+    /// The frame of a Python function (a line of it), shared by every
+    /// process. After `MAX_PYTHON_FRAMES` distinct lines, new ones are
+    /// named by function and file only (line 0).
+    pub(crate) fn python_frame(&mut self, function: &str, file: &str, line: i64) -> FrameKey {
+        const MAX_PYTHON_FRAMES: usize = 1 << 20;
+        let line = if self.python_frames.len() >= MAX_PYTHON_FRAMES {
+            0
+        } else {
+            line
+        };
+        let f = self.intern(function);
+        let file = self.intern(file);
+        let key = (f.clone(), file.clone(), line);
+        let addr = match self.python_ids.get(&key) {
+            Some(&a) => a,
+            None => {
+                let a = self.python_frames.len() as u64;
+                self.python_frames.push(Line {
+                    function: f,
+                    file,
+                    line,
+                });
+                self.python_ids.insert(key, a);
+                a
+            }
+        };
+        FrameKey {
+            object: self.python.id,
+            addr,
+        }
+    }
+
+    /// The marker frame (`[truncated]`) that ends a user stack the unwinder
+    /// could not walk to its outermost frame.
+    pub(crate) fn truncated_unwind(&self) -> FrameKey {
+        FrameKey {
+            object: self.truncated.id,
+            addr: 1,
         }
     }
 
@@ -473,6 +536,15 @@ impl Symbolizer {
             let o = o.clone();
             self.by_file.insert(key, o.id);
             return o;
+        }
+        if server_mode() && !build_id.is_empty() {
+            crate::upload::offer(|| {
+                Some(crate::upload::Candidate {
+                    build_id: build_id.clone(),
+                    name: shown.rsplit('/').next().unwrap_or(shown).to_owned(),
+                    file: source.open(inode).ok()?,
+                })
+            });
         }
         let size = meta.as_ref().map_or(0, |m| m.size());
         let file = ElfFile {
@@ -586,8 +658,17 @@ impl Symbolizer {
                 None => Vec::new(),
             },
             Kind::Vdso => vec![self.line("[vdso]", "", None)],
+            Kind::Truncated if addr == 1 => vec![self.line("[truncated]", "", None)],
             Kind::Truncated => vec![self.line("[unknown]", "", None)],
+            Kind::Python => self
+                .python_frames
+                .get(usize::try_from(addr).unwrap_or(usize::MAX))
+                .cloned()
+                .into_iter()
+                .collect(),
             Kind::Unknown | Kind::Elf(None) => Vec::new(),
+            // The server symbolizes it from the build id and the address.
+            Kind::Elf(Some(_)) if server_mode() && !o.build_id.is_empty() => Vec::new(),
             Kind::Elf(Some(f)) => match self.parsed(o, f) {
                 None => Vec::new(),
                 Some(Parsed::Symbols(s)) => {

@@ -2,6 +2,8 @@
 //! of where it comes from (the metastore in a cluster, a fixed list in
 //! tests and in `fathom all`).
 
+use crate::secret::{ClusterSecret, SecretChannel};
+
 /// One ingester as the others address it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IngesterAddr {
@@ -31,22 +33,29 @@ impl Ingesters for StaticIngesters {
 }
 
 /// Lazily connected gRPC channels, one per `host:port`, each call bounded
-/// by `timeout`.
+/// by `timeout` and carrying the cluster secret.
 pub struct Channels {
     channels: parking_lot::Mutex<std::collections::HashMap<String, tonic::transport::Channel>>,
     timeout: std::time::Duration,
+    secret: ClusterSecret,
 }
 
 impl Channels {
-    pub fn new(timeout: std::time::Duration) -> Self {
+    pub fn new(timeout: std::time::Duration, secret: ClusterSecret) -> Self {
         Channels {
             channels: parking_lot::Mutex::new(std::collections::HashMap::new()),
             timeout,
+            secret,
         }
     }
 
     /// The channel to `addr`, created on first use.
-    pub fn get(&self, addr: &str) -> Result<tonic::transport::Channel, String> {
+    pub fn get(&self, addr: &str) -> Result<SecretChannel, String> {
+        self.raw(addr)
+            .map(|ch| SecretChannel::new(ch, self.secret.clone()))
+    }
+
+    fn raw(&self, addr: &str) -> Result<tonic::transport::Channel, String> {
         if let Some(c) = self.channels.lock().get(addr) {
             return Ok(c.clone());
         }

@@ -45,6 +45,8 @@ pub struct ConnectError {
     /// The HTTP status when Connect prescribes another than the code's
     /// (415 for an unsupported content type).
     pub http_status: Option<StatusCode>,
+    /// Seconds after which a throttled client may retry (`Retry-After`).
+    pub retry_after_secs: Option<u64>,
 }
 
 impl ConnectError {
@@ -53,6 +55,7 @@ impl ConnectError {
             code,
             message: message.into(),
             http_status: None,
+            retry_after_secs: None,
         }
     }
 
@@ -74,7 +77,16 @@ impl ConnectError {
 
 impl From<ApiError> for ConnectError {
     fn from(e: ApiError) -> Self {
-        ConnectError::new(e.grpc_code(), e.to_string())
+        let retry_after_secs = match &e {
+            ApiError::Throttled {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            _ => None,
+        };
+        ConnectError {
+            retry_after_secs,
+            ..ConnectError::new(e.grpc_code(), e.to_string())
+        }
     }
 }
 
@@ -137,6 +149,10 @@ impl IntoResponse for ConnectError {
             body.to_string(),
         )
             .into_response();
+        if let Some(s) = self.retry_after_secs {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, http::HeaderValue::from(s));
+        }
         if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
             r.headers_mut().insert(
                 http::HeaderName::from_static("accept-post"),
@@ -505,6 +521,13 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["code"], "invalid_argument");
         assert_eq!(v["message"], "start is after end");
+        let r = ConnectError::from(ApiError::Throttled {
+            message: "over the rate".into(),
+            retry_after_secs: 3,
+        })
+        .into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
         let r = ConnectError::from(ApiError::Unavailable("down".into())).into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     }

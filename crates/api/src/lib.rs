@@ -5,10 +5,15 @@
 //!   an HTTP status (and a JSON body `{"error": "…"}`) and one to a gRPC code;
 //! - [`tenant_from_headers`]: the tenant from `X-Scope-OrgID`, validated;
 //! - [`parse_time`]: unix milliseconds, RFC 3339 or `now[-duration]`;
-//! - [`connect`]: the Connect protocol's codecs, compression and error shape.
+//! - [`connect`]: the Connect protocol's codecs, compression and error shape;
+//! - [`secret`]: the cluster secret that internal calls carry and internal
+//!   services require.
 
+pub mod auth;
 pub mod cluster;
 pub mod connect;
+pub mod secret;
+pub mod ticket;
 pub mod trace_context;
 
 use axum::Json;
@@ -31,6 +36,13 @@ pub enum ApiError {
     /// A per-tenant limit was hit (429).
     #[error("{0}")]
     RateLimited(String),
+    /// A per-tenant rate was exceeded; the client may retry after
+    /// `retry_after_secs` (429 with `Retry-After`).
+    #[error("{message}")]
+    Throttled {
+        message: String,
+        retry_after_secs: u64,
+    },
     /// Not found (404).
     #[error("{0}")]
     NotFound(String),
@@ -55,7 +67,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited(_) | ApiError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -66,7 +78,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => tonic::Code::InvalidArgument,
             ApiError::TooLarge(_) => tonic::Code::InvalidArgument,
-            ApiError::RateLimited(_) => tonic::Code::ResourceExhausted,
+            ApiError::RateLimited(_) | ApiError::Throttled { .. } => tonic::Code::ResourceExhausted,
             ApiError::NotFound(_) => tonic::Code::NotFound,
             ApiError::Unavailable(_) => tonic::Code::Unavailable,
             ApiError::Internal(_) => tonic::Code::Internal,
@@ -80,17 +92,43 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing_error(&self);
         }
-        (
+        let retry_after = match &self {
+            ApiError::Throttled {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            _ => None,
+        };
+        let mut r = (
             status,
             Json(serde_json::json!({ "error": self.to_string() })),
         )
-            .into_response()
+            .into_response();
+        let retry_after = match retry_after {
+            Some(s) => Some(http::HeaderValue::from(s)),
+            // Every other 503 is worth retrying too: say when.
+            None if status == StatusCode::SERVICE_UNAVAILABLE => {
+                Some(http::HeaderValue::from_static("1"))
+            }
+            None => None,
+        };
+        if let Some(v) = retry_after {
+            r.headers_mut().insert(http::header::RETRY_AFTER, v);
+        }
+        r
     }
 }
 
 impl From<ApiError> for tonic::Status {
     fn from(e: ApiError) -> Self {
-        tonic::Status::new(e.grpc_code(), e.to_string())
+        let mut s = tonic::Status::new(e.grpc_code(), e.to_string());
+        if let ApiError::Throttled {
+            retry_after_secs, ..
+        } = e
+        {
+            s.metadata_mut()
+                .insert("retry-after", retry_after_secs.into());
+        }
+        s
     }
 }
 

@@ -12,6 +12,14 @@
 //!    next to the HTTP merge (real Flight SQL client from `arrow-flight`).
 //!
 //! `FATHOM_BENCH_INGEST_SECS` (default 20) sets the ingest run's length.
+//!
+//! `-- soak` (only when asked for: it runs for minutes): two tenants of a
+//! tenants file; the quiet one writes 10 profiles/s and queries twice a
+//! second, first alone, then while the noisy one pushes far above its
+//! ingestion rate; prints the quiet tenant's acknowledged writes and
+//! latencies in both phases, the noisy one's refusals and the process's
+//! peak RSS next to the configured caps. `FATHOM_BENCH_SOAK_SECS` (default
+//! 180) is the length of each phase.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -41,13 +49,19 @@ fn free_port() -> u16 {
 }
 
 async fn start(dir: &Path) -> Server {
+    start_with(dir, None, 8 << 30).await
+}
+
+async fn start_with(dir: &Path, tenants_file: Option<&Path>, max_head_bytes: usize) -> Server {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let cfg = AllConfig {
         listen: addr,
         data_dir: dir.to_owned(),
         store: ObjectStoreConfig::filesystem(),
         flush_interval: Duration::from_secs(24 * 3600),
-        max_head_bytes: 8 << 30,
+        max_head_bytes,
+        max_head_memory: 16 << 30,
+        inflight: Default::default(),
         shutdown_flush_timeout: Duration::from_secs(600),
         limits: Default::default(),
         querier: Default::default(),
@@ -57,6 +71,11 @@ async fn start(dir: &Path) -> Server {
             dir: dir.join("cache"),
             ..Default::default()
         },
+        tenants: fathom_server::TenantsFileConfig {
+            path: tenants_file.map(Path::to_owned),
+            reload_interval: Duration::from_secs(5),
+        },
+        symbols: Default::default(),
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -687,6 +706,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if filter.as_deref() == Some("soak") {
+        let d = tempfile::tempdir().unwrap();
+        rt.block_on(soak_bench(d.path()));
+        return;
+    }
     // `-- cluster-ingest`: only the cluster's ingest figures.
     let ingest_only = filter.as_deref() == Some("cluster-ingest");
     if want("cluster") || ingest_only {
@@ -707,4 +731,205 @@ fn main() {
             }
         }
     });
+}
+
+/// Peak and current resident set of this process, in MiB (`VmHWM`,
+/// `VmRSS`).
+fn rss_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// What the quiet tenant saw in one phase.
+#[derive(Default)]
+struct QuietFigures {
+    writes: usize,
+    acked: usize,
+    write_lat: Vec<f64>,
+    query_lat: Vec<f64>,
+}
+
+/// The quiet tenant for `secs`: a write every 100 ms, a merge query of the
+/// last 5 minutes every 500 ms.
+async fn quiet_phase(url: &str, body: Arc<Vec<u8>>, secs: u64) -> QuietFigures {
+    let http = reqwest::Client::new();
+    let end = Instant::now() + Duration::from_secs(secs);
+    let writes = {
+        let (http, url, body) = (http.clone(), url.to_owned(), body.clone());
+        tokio::spawn(async move {
+            let mut f = QuietFigures::default();
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            while Instant::now() < end {
+                tick.tick().await;
+                let t = Instant::now();
+                let r = http
+                    .post(format!("{url}/ingest"))
+                    .bearer_auth("soak-quiet-token")
+                    .query(&[("name", "quiet-svc"), ("format", "pprof")])
+                    .body(body.as_ref().clone())
+                    .send()
+                    .await;
+                f.writes += 1;
+                if r.is_ok_and(|r| r.status().is_success()) {
+                    f.acked += 1;
+                    f.write_lat.push(t.elapsed().as_secs_f64());
+                }
+            }
+            f
+        })
+    };
+    let queries = {
+        let url = url.to_owned();
+        tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            while Instant::now() < end {
+                tick.tick().await;
+                let t = Instant::now();
+                let r = http
+                    .get(format!("{url}/api/v1/query"))
+                    .bearer_auth("soak-quiet-token")
+                    .query(&[
+                        (
+                            "query",
+                            "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"quiet-svc\"}",
+                        ),
+                        ("start", "now-5m"),
+                        ("end", "now"),
+                        ("format", "top"),
+                    ])
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+                let _ = r.bytes().await.unwrap();
+                lat.push(t.elapsed().as_secs_f64());
+            }
+            lat
+        })
+    };
+    let mut f = writes.await.unwrap();
+    f.query_lat = queries.await.unwrap();
+    f
+}
+
+fn print_quiet(phase: &str, f: &mut QuietFigures) {
+    println!(
+        "soak {phase}: quiet tenant acknowledged {}/{} writes; write p50 {:.1} ms p99 {:.1} ms; \
+         query p50 {:.1} ms p99 {:.1} ms ({} queries)",
+        f.acked,
+        f.writes,
+        quantile(&mut f.write_lat, 0.5) * 1e3,
+        quantile(&mut f.write_lat, 0.99) * 1e3,
+        quantile(&mut f.query_lat, 0.5) * 1e3,
+        quantile(&mut f.query_lat, 0.99) * 1e3,
+        f.query_lat.len(),
+    );
+}
+
+/// What the noisy tenant offers, bytes/s: ten times its rate (256 KiB/s).
+const NOISY_OFFERED: u64 = 10 * 256 * 1024;
+
+async fn soak_bench(dir: &Path) {
+    let secs: u64 = std::env::var("FATHOM_BENCH_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(180);
+    let sha = |t: &str| fathom_server::auth::hash_sha256(t);
+    let file = dir.join("tenants.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "tenants:\n  noisy:\n    limits: {{ ingestion_rate: 256KiB, ingestion_burst: 1MiB }}\n  \
+             quiet:\n    limits: {{ ingestion_rate: 64MiB }}\ncredentials:\n  \
+             - {{ name: noisy, token: '{}', scopes: [write], tenants: [noisy] }}\n  \
+             - {{ name: quiet, token: '{}', scopes: [read, write], tenants: [quiet] }}\n",
+            sha("soak-noisy-token"),
+            sha("soak-quiet-token")
+        ),
+    )
+    .unwrap();
+    let server = start_with(dir, Some(&file), 512 << 20).await;
+    let url = server.url();
+    let files = ingest_files();
+    // The quiet tenant's profile: a real profile of the corpus of a
+    // typical size (8-128 KiB uncompressed).
+    let quiet_body = files
+        .iter()
+        .find(|b| (8 << 10..128 << 10).contains(&b.len()))
+        .cloned()
+        .unwrap_or_else(|| files[0].clone());
+    println!(
+        "soak: {secs} s alone, then {secs} s with the noisy tenant offering {:.1} MiB/s from 4 \
+         concurrent pushers, 10x its rate (256 KiB/s, burst 1 MiB); quiet profile {} bytes",
+        NOISY_OFFERED as f64 / 1048576.0,
+        quiet_body.len()
+    );
+    let mut alone = quiet_phase(&url, quiet_body.clone(), secs).await;
+    print_quiet("alone", &mut alone);
+
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let sent = Arc::new(AtomicU64::new(0));
+    let accepted = Arc::new(AtomicU64::new(0));
+    let limited = Arc::new(AtomicU64::new(0));
+    let mut noisy = Vec::new();
+    for w in 0..4 {
+        let (url, files) = (url.clone(), files.clone());
+        let (sent, accepted, limited) = (sent.clone(), accepted.clone(), limited.clone());
+        noisy.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut i = w;
+            while Instant::now() < stop {
+                let body = files[i % files.len()].clone();
+                i += 1;
+                let n = body.len() as u64;
+                let r = http
+                    .post(format!("{url}/ingest"))
+                    .bearer_auth("soak-noisy-token")
+                    .query(&[("name", "noisy-svc"), ("format", "pprof")])
+                    .body(body.as_ref().clone())
+                    .send()
+                    .await;
+                sent.fetch_add(n, Ordering::Relaxed);
+                // Each pusher offers a quarter of NOISY_OFFERED bytes/s.
+                let pace = Duration::from_secs_f64(n as f64 * 4.0 / NOISY_OFFERED as f64);
+                let status = r.map(|r| r.status().as_u16());
+                tokio::time::sleep(pace).await;
+                match status {
+                    Ok(200) => {
+                        accepted.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Ok(429) => {
+                        limited.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+            }
+        }));
+    }
+    let mut contended = quiet_phase(&url, quiet_body, secs).await;
+    for t in noisy {
+        t.await.unwrap();
+    }
+    print_quiet("with noisy", &mut contended);
+    let s = secs as f64;
+    println!(
+        "soak noisy tenant: offered {:.2} MiB/s, accepted {:.3} MiB/s (rate 0.25 MiB/s + 1 MiB burst), {} requests refused with 429",
+        sent.load(Ordering::Relaxed) as f64 / s / 1048576.0,
+        accepted.load(Ordering::Relaxed) as f64 / s / 1048576.0,
+        limited.load(Ordering::Relaxed)
+    );
+    let (peak, now) = rss_mib();
+    println!(
+        "soak RSS (server and clients in this process): peak {peak:.0} MiB, now {now:.0} MiB; \
+         caps: head 512 MiB (--max-head-size) + block cache 256 MiB"
+    );
+    server.stop().await;
 }

@@ -51,6 +51,16 @@ pub trait CompactionIndex: Send + Sync + 'static {
     async fn release(&self, job: &str, owner: &str) -> Result<(), String>;
 }
 
+/// Fills in, before a merged block is written, the functions of locations
+/// that arrived as (mapping with a build id, address) only: the server's
+/// symbolizer (`fathom-symbols`), so that later queries read names from
+/// the block. Locations keep their ids; what it cannot resolve in its
+/// bounded time stays an address (and is symbolized at query time).
+#[async_trait::async_trait]
+pub trait BlockSymbolizer: Send + Sync + 'static {
+    async fn symbolize(&self, tenant: &fathom_model::TenantId, symbols: &mut Symbols);
+}
+
 /// Compactor settings.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -61,6 +71,9 @@ pub struct Config {
     /// Retention for tenants without their own; `None` keeps forever.
     pub retention: Option<Duration>,
     pub tenant_retention: HashMap<String, Duration>,
+    /// Retention from the tenants file, consulted first on every round (so
+    /// that a reloaded file applies without a restart).
+    pub retention_overrides: Option<RetentionOverrides>,
     /// Time between removing a block from the index and deleting its files
     /// (queries planned before the removal may still read them).
     pub delete_delay: Duration,
@@ -76,10 +89,24 @@ impl Default for Config {
             windows: vec![Duration::from_secs(3600), Duration::from_secs(24 * 3600)],
             retention: None,
             tenant_retention: HashMap::new(),
+            retention_overrides: None,
             delete_delay: Duration::from_secs(15 * 60),
             interval: Duration::from_secs(60),
             lease_ttl: Duration::from_secs(10 * 60),
         }
+    }
+}
+
+/// A tenant's retention, if something else (the tenants file) sets one.
+pub type RetentionOf = dyn Fn(&str) -> Option<Duration> + Send + Sync;
+
+/// A tenant's retention from elsewhere (the tenants file), if it sets one.
+#[derive(Clone)]
+pub struct RetentionOverrides(pub Arc<RetentionOf>);
+
+impl std::fmt::Debug for RetentionOverrides {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetentionOverrides")
     }
 }
 
@@ -271,6 +298,7 @@ pub struct Compactor {
     store: Arc<dyn ObjectStore>,
     index: Arc<dyn CompactionIndex>,
     metrics: Metrics,
+    symbolizer: std::sync::OnceLock<Arc<dyn BlockSymbolizer>>,
 }
 
 impl Compactor {
@@ -317,7 +345,14 @@ impl Compactor {
             store,
             index,
             metrics: m,
+            symbolizer: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Symbolizes address-only locations of the blocks it writes from now
+    /// on (once; later calls are ignored).
+    pub fn set_symbolizer(&self, s: Arc<dyn BlockSymbolizer>) {
+        let _ = self.symbolizer.set(s);
     }
 
     /// Runs one job under its lease; `Ok(None)` when another compactor
@@ -345,6 +380,11 @@ impl Compactor {
 
     async fn compact(&self, job: &Job) -> Result<BlockMeta, Error> {
         let (mut data, duplicates) = merge(self.store.as_ref(), &job.blocks).await?;
+        if let Some(sym) = self.symbolizer.get()
+            && let Ok(tenant) = fathom_model::TenantId::new(&job.tenant)
+        {
+            sym.symbolize(&tenant, &mut data.symbols).await;
+        }
         data.source = self.cfg.name.clone();
         // One above the job's level: a block that crossed its own window
         // joined a higher level's job, and a top-level source stays top.
@@ -384,9 +424,10 @@ impl Compactor {
         for b in blocks {
             let Some(keep) = self
                 .cfg
-                .tenant_retention
-                .get(&b.tenant)
-                .copied()
+                .retention_overrides
+                .as_ref()
+                .and_then(|o| (o.0)(&b.tenant))
+                .or_else(|| self.cfg.tenant_retention.get(&b.tenant).copied())
                 .or(self.cfg.retention)
             else {
                 continue;
@@ -829,6 +870,34 @@ mod tests {
         );
         index.release("j", "a").await.unwrap();
         assert!(index.acquire("j", "b", ttl).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn retention_overrides_come_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let old = block(store.as_ref(), &[(1, T0, 1)]).await;
+        let index = Arc::new(MemoryCompactionIndex::new(vec![old.clone()]));
+        let mut config = cfg();
+        config.delete_delay = Duration::from_secs(3600);
+        // The flag keeps t1 forever; the tenants file says 7 days.
+        config.tenant_retention.insert(
+            old.tenant.clone(),
+            Duration::from_secs(u32::MAX as u64 * 1000),
+        );
+        let tenant = old.tenant.clone();
+        config.retention_overrides = Some(RetentionOverrides(Arc::new(move |t: &str| {
+            (t == tenant).then(|| Duration::from_secs(7 * 86_400))
+        })));
+        let c = Compactor::new(
+            config,
+            store.clone(),
+            index.clone(),
+            &mut Registry::default(),
+        );
+        assert_eq!(c.apply_retention(now_ms()).await.unwrap(), 1);
+        assert!(index.all().await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -39,8 +39,38 @@ pub fn router(d: Distributor) -> axum::Router {
         .route("/ingest", post(ingest))
         .route(crate::otlp::HTTP_PATH, post(crate::otlp::export_http))
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(d)
+        .with_state(d.clone())
         .merge(push_v1)
+        .layer(axum::middleware::from_fn_with_state(d, over_rate_early))
+}
+
+/// Refuses a write whose tenant is over its ingestion rate before its body
+/// is read (by its `Content-Length`), so that a tenant flooding far above
+/// its rate costs little more than its request headers. Writes that fit go
+/// on and take their bytes in [`Distributor::ingest`].
+async fn over_rate_early(
+    State(d): State<Distributor>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let len = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let (Some(len), Some(_)) = (len, &d.tenants)
+        && !fathom_api::connect::is_grpc(req.headers())
+        && let Ok(tenant) = tenant_from_headers(req.headers())
+        && let Err(e) = d.check_rate(&tenant, len)
+    {
+        d.refused(&tenant, "rate");
+        // push.v1 over Connect answers in Connect's error shape.
+        if req.uri().path() == crate::PUSH_V1_PATH {
+            return fathom_api::connect::ConnectError::from(e).into_response();
+        }
+        return e.into_response();
+    }
+    next.run(req).await
 }
 
 /// Kinds that Pyroscope clients append to the application name.

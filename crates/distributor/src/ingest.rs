@@ -209,7 +209,25 @@ impl Distributor {
             payloads,
         } = req;
         self.metrics.bytes.inc_by(received_bytes as u64);
-        let l = &self.limits;
+        let (limits, overrides) = self.limits_for(&tenant);
+        if let Some(max) = overrides.max_profile_size
+            && received_bytes > max
+        {
+            self.refused(&tenant, "size");
+            return Err(ApiError::TooLarge(format!(
+                "the request has {received_bytes} bytes; tenant {tenant}'s limit (max_profile_size) is {max}"
+            )));
+        }
+        if let Some(rate) = overrides.ingestion_rate {
+            let burst = overrides
+                .ingestion_burst
+                .unwrap_or_else(|| rate.max(self.limits.max_body_bytes as u64));
+            if let Err(e) = self.rates.take(&tenant, received_bytes as u64, rate, burst) {
+                self.refused(&tenant, "rate");
+                return Err(e);
+            }
+        }
+        let l = &limits;
         if payloads.len() > l.max_profiles_per_push {
             return Err(ApiError::TooLarge(format!(
                 "the request has {} profiles; the limit is {}",
@@ -220,28 +238,12 @@ impl Distributor {
         if payloads.is_empty() {
             return Ok(Accepted::default());
         }
-        let limits = self.limits.clone();
         let metrics = self.metrics.clone();
         let t = tenant.clone();
-        let (profiles, symbols) = tokio::task::spawn_blocking(move || {
-            let mut budget = limits.max_decompressed_bytes;
-            let mut profiles = Vec::new();
-            let mut symbols = Symbols::default();
-            let single = payloads.len() == 1;
-            for p in payloads {
-                let n = decode_payload(&t, p, &limits, &mut budget, single, &metrics)?;
-                if profiles.is_empty() {
-                    profiles = n.profiles;
-                    symbols = n.symbols;
-                } else {
-                    profiles.extend(n.profiles);
-                    symbols.merge(&n.symbols);
-                }
-            }
-            Ok::<_, ApiError>((profiles, symbols))
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
+        let (profiles, symbols) =
+            tokio::task::spawn_blocking(move || decode_all(&t, payloads, &limits, &metrics))
+                .await
+                .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
         let (profiles, samples) = self
             .accept(
                 IngestBatch {
@@ -267,6 +269,40 @@ impl Distributor {
     pub fn gunzip_request(&self, body: &[u8]) -> Result<Vec<u8>, ApiError> {
         gunzip_bounded(body, self.limits.max_decompressed_bytes)
     }
+}
+
+/// Decodes every payload of a request (what [`Distributor::ingest`] does
+/// before the limits of [`Distributor::accept`]), synchronously: for
+/// tests and fuzzing. Never panics, whatever the payloads hold.
+pub fn decode_payloads(
+    tenant: &TenantId,
+    payloads: Vec<Payload>,
+    limits: &crate::Limits,
+) -> Result<(Vec<fathom_model::Profile>, Symbols), ApiError> {
+    decode_all(tenant, payloads, limits, &crate::Metrics::default())
+}
+
+fn decode_all(
+    t: &TenantId,
+    payloads: Vec<Payload>,
+    limits: &crate::Limits,
+    metrics: &crate::Metrics,
+) -> Result<(Vec<fathom_model::Profile>, Symbols), ApiError> {
+    let mut budget = limits.max_decompressed_bytes;
+    let mut profiles = Vec::new();
+    let mut symbols = Symbols::default();
+    let single = payloads.len() == 1;
+    for p in payloads {
+        let n = decode_payload(t, p, limits, &mut budget, single, metrics)?;
+        if profiles.is_empty() {
+            profiles = n.profiles;
+            symbols = n.symbols;
+        } else {
+            profiles.extend(n.profiles);
+            symbols.merge(&n.symbols);
+        }
+    }
+    Ok((profiles, symbols))
 }
 
 /// Prefixes a message with the payload's context, if any.

@@ -25,28 +25,32 @@
 //! ingester in `fathom all`, replicated ingesters in a cluster.
 
 mod http;
+mod inflight;
 pub mod ingest;
 mod otlp;
 mod push;
 mod push_v1;
+mod rate;
 pub mod ring;
 
 use std::sync::Arc;
 
 use fathom_api::ApiError;
+use fathom_api::auth::Tenants;
 use fathom_model::{Id, IdHasher, IngestBatch, Labels, TenantId};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 pub use http::router;
+pub use inflight::{Inflight, InflightConfig};
 pub use ingest::{
     Accepted, DecodeContext, Encoding, FoldedParams, Format, Idempotence, IngestRequest, JfrParams,
-    Payload,
+    Payload, decode_payloads,
 };
 pub use otlp::OtlpProfilesServer;
 pub use push::PushServer;
-pub use push_v1::PUSH_V1_PATH;
+pub use push_v1::{PUSH_V1_PATH, push_v1_payloads};
 
 /// Per-request limits; every refusal names the limit it hit.
 #[derive(Clone, Debug)]
@@ -86,6 +90,13 @@ pub enum WriteError {
     /// Not enough replicas acknowledged; the client should retry.
     #[error("{0}")]
     Unavailable(String),
+    /// An ingester refused the write by a per-tenant limit (`max_series`):
+    /// the client's limit, not retryable as is (429).
+    #[error("{message}")]
+    Limit {
+        limit: &'static str,
+        message: String,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -94,6 +105,7 @@ impl From<WriteError> for ApiError {
     fn from(e: WriteError) -> Self {
         match e {
             WriteError::Unavailable(m) => ApiError::Unavailable(m),
+            WriteError::Limit { message, .. } => ApiError::RateLimited(message),
             WriteError::Internal(m) => ApiError::Internal(m),
         }
     }
@@ -113,6 +125,8 @@ pub(crate) struct Metrics {
     pub(crate) decoded_bytes: Counter,
     pub(crate) profiles: Counter,
     pub(crate) samples: Counter,
+    /// Requests refused by a per-tenant limit, by tenant and limit.
+    pub(crate) refused: Family<Vec<(String, String)>, Counter>,
 }
 
 /// The distributor; cheap to clone.
@@ -121,6 +135,9 @@ pub struct Distributor {
     pub(crate) limits: Arc<Limits>,
     pub(crate) writer: Arc<dyn IngesterWriter>,
     pub(crate) metrics: Metrics,
+    /// Per-tenant limits from the tenants file, if any.
+    pub(crate) tenants: Option<Tenants>,
+    pub(crate) rates: Arc<rate::Buckets>,
 }
 
 impl Distributor {
@@ -144,11 +161,72 @@ impl Distributor {
         );
         r.register("profiles", "Profiles accepted", metrics.profiles.clone());
         r.register("samples", "Samples accepted", metrics.samples.clone());
+        r.register(
+            "tenant_refused",
+            "Write requests refused by a per-tenant limit, by tenant (with a tenants file; \"*\" without) and limit",
+            metrics.refused.clone(),
+        );
         Distributor {
             limits: Arc::new(limits),
             writer,
             metrics,
+            tenants: None,
+            rates: Arc::new(rate::Buckets::default()),
         }
+    }
+
+    /// Applies the per-tenant limits of a tenants file (they override the
+    /// flags for the tenants and fields they name; reloads apply at once).
+    pub fn with_tenants(mut self, tenants: Option<Tenants>) -> Self {
+        self.tenants = tenants;
+        self
+    }
+
+    /// The limits for `tenant`: the flags, overridden by the tenants file.
+    pub(crate) fn limits_for(&self, tenant: &TenantId) -> (Limits, fathom_api::auth::TenantLimits) {
+        let mut l = (*self.limits).clone();
+        let Some(t) = &self.tenants else {
+            return (l, Default::default());
+        };
+        let o = t.limits(tenant);
+        if let Some(v) = o.max_labels {
+            l.max_labels = v;
+        }
+        if let Some(v) = o.max_samples_per_profile {
+            l.max_samples = v;
+        }
+        (l, o)
+    }
+
+    /// Whether `bytes` more of `tenant` fit its ingestion rate now (without
+    /// taking them).
+    pub(crate) fn check_rate(&self, tenant: &TenantId, bytes: u64) -> Result<(), ApiError> {
+        let (_, o) = self.limits_for(tenant);
+        match o.ingestion_rate {
+            Some(rate) => {
+                let burst = o
+                    .ingestion_burst
+                    .unwrap_or_else(|| rate.max(self.limits.max_body_bytes as u64));
+                self.rates.check(tenant, bytes, rate, burst)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a refusal by a limit (`rate`, `size`, `labels`, `samples`).
+    pub(crate) fn refused(&self, tenant: &TenantId, limit: &str) {
+        let tenant = if self.tenants.is_some() {
+            tenant.as_str()
+        } else {
+            "*"
+        };
+        self.metrics
+            .refused
+            .get_or_create(&vec![
+                ("tenant".to_owned(), tenant.to_owned()),
+                ("limit".to_owned(), limit.to_owned()),
+            ])
+            .inc();
     }
 
     pub fn limits(&self) -> &Limits {
@@ -177,12 +255,17 @@ impl Distributor {
         mut batch: IngestBatch,
         now_nanos: i64,
     ) -> Result<(usize, usize), ApiError> {
-        let l = &self.limits;
+        let (l, _) = self.limits_for(&batch.tenant);
         for p in &mut batch.profiles {
-            p.labels
-                .check_limits(l.max_labels, l.max_label_name_len, l.max_label_value_len)
-                .map_err(|e| ApiError::bad_request(format!("series {}: {e}", p.labels)))?;
+            if let Err(e) =
+                p.labels
+                    .check_limits(l.max_labels, l.max_label_name_len, l.max_label_value_len)
+            {
+                self.refused(&batch.tenant, "labels");
+                return Err(ApiError::bad_request(format!("series {}: {e}", p.labels)));
+            }
             if p.samples.len() > l.max_samples {
+                self.refused(&batch.tenant, "samples");
                 return Err(ApiError::TooLarge(format!(
                     "a profile has {} samples; the limit is {}",
                     p.samples.len(),
@@ -199,7 +282,13 @@ impl Distributor {
         if profiles == 0 {
             return Ok((0, 0));
         }
-        self.writer.write(batch).await?;
+        let tenant = batch.tenant.clone();
+        if let Err(e) = self.writer.write(batch).await {
+            if let WriteError::Limit { limit, .. } = &e {
+                self.refused(&tenant, limit);
+            }
+            return Err(e.into());
+        }
         self.metrics.profiles.inc_by(profiles as u64);
         self.metrics.samples.inc_by(samples as u64);
         Ok((profiles, samples))

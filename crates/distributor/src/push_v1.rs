@@ -105,30 +105,47 @@ async fn connect_push(d: &Distributor, req: Request) -> Result<Response, Connect
     } else {
         raw
     };
-    let push = match codec {
-        Codec::Proto => {
-            scan_proto(&body, l)?;
-            PushRequest::decode(body).map_err(|e| {
-                api(ApiError::bad_request(format!(
-                    "the body is not a valid push.v1 PushRequest protobuf: {e}"
-                )))
-            })?
-        }
-        Codec::Json => {
-            scan_json(&body, l)?;
-            serde_json::from_slice::<PushRequest>(&body).map_err(|e| {
-                api(ApiError::bad_request(format!(
-                    "the body is not a valid push.v1 PushRequest in JSON: {e}"
-                )))
-            })?
-        }
-    };
+    let push = decode_body(&body, codec == Codec::Json, l).map_err(api)?;
     push_request(d, tenant, push, received).await?;
     let body = match codec {
         Codec::Proto => PushResponse {}.encode_to_vec(),
         Codec::Json => b"{}".to_vec(),
     };
     Ok(connect::ok_response(codec, body))
+}
+
+/// A Connect request body (decompressed): scanned against the limits,
+/// then decoded.
+fn decode_body(body: &[u8], json: bool, l: &Limits) -> Result<PushRequest, ApiError> {
+    if json {
+        scan_json(body, l)?;
+        serde_json::from_slice::<PushRequest>(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body is not a valid push.v1 PushRequest in JSON: {e}"
+            ))
+        })
+    } else {
+        scan_proto(body, l)?;
+        PushRequest::decode(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body is not a valid push.v1 PushRequest protobuf: {e}"
+            ))
+        })
+    }
+}
+
+/// A push.v1 `PushRequest` body (protobuf, or JSON when `json`; already
+/// decompressed) as the payloads the distributor decodes, with every check
+/// of the Connect path: for tests and fuzzing. Never panics.
+pub fn push_v1_payloads(
+    body: &[u8],
+    json: bool,
+    tenant: &TenantId,
+    l: &Limits,
+) -> Result<Vec<Payload>, ApiError> {
+    let push = decode_body(body, json, l)?;
+    check_counts(&push, l)?;
+    payloads(tenant, push, l)
 }
 
 /// The gRPC service.

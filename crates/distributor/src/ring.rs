@@ -85,25 +85,38 @@ pub fn replicas(live: &[IngesterAddr], key: &RingKey, n: usize) -> Vec<IngesterA
         .collect()
 }
 
+/// Why one replica did not take a write.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// The ingester refused it by the tenant's `max_series`
+    /// (`RESOURCE_EXHAUSTED`): the client's limit, not worth a retry.
+    #[error("{0}")]
+    Limit(String),
+    /// Unreachable, failing or full: retryable.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Sends one write to one ingester.
 #[async_trait::async_trait]
 pub trait ReplicaClient: Send + Sync + 'static {
-    async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), String>;
+    async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), ReplicaError>;
 }
 
-/// [`ReplicaClient`] over gRPC, one lazily connected channel per address.
+/// [`ReplicaClient`] over gRPC, one lazily connected channel per address,
+/// every call carrying the cluster secret.
 pub struct GrpcReplicas(Channels);
 
 impl GrpcReplicas {
-    pub fn new(timeout: Duration) -> Self {
-        GrpcReplicas(Channels::new(timeout))
+    pub fn new(timeout: Duration, secret: fathom_api::secret::ClusterSecret) -> Self {
+        GrpcReplicas(Channels::new(timeout, secret))
     }
 }
 
 #[async_trait::async_trait]
 impl ReplicaClient for GrpcReplicas {
-    async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), String> {
-        let ch = self.0.get(&to.addr)?;
+    async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), ReplicaError> {
+        let ch = self.0.get(&to.addr).map_err(ReplicaError::Failed)?;
         let mut req = tonic::Request::new(req);
         fathom_api::trace_context::inject(&mut req);
         IngesterServiceClient::new(ch)
@@ -111,7 +124,14 @@ impl ReplicaClient for GrpcReplicas {
             .write(req)
             .await
             .map(|_| ())
-            .map_err(|s| format!("{} ({}): {}", to.id, to.addr, s.message()))
+            .map_err(|s| {
+                if s.code() == tonic::Code::ResourceExhausted {
+                    // The message names the tenant, its limit and its count.
+                    ReplicaError::Limit(s.message().to_owned())
+                } else {
+                    ReplicaError::Failed(format!("{} ({}): {}", to.id, to.addr, s.message()))
+                }
+            })
     }
 }
 
@@ -230,6 +250,7 @@ impl IngesterWriter for ReplicatedWriter {
                 let results = futures::future::join_all(sends).await;
                 let mut ok = 0;
                 let mut errors = Vec::new();
+                let mut limit = None;
                 for (t, r) in results {
                     match r {
                         Ok(()) => {
@@ -245,7 +266,10 @@ impl IngesterWriter for ReplicatedWriter {
                                 .replica_writes
                                 .get_or_create(&vec![("outcome".into(), "error".into())])
                                 .inc();
-                            errors.push(e);
+                            match e {
+                                ReplicaError::Limit(m) => limit = Some(m),
+                                ReplicaError::Failed(m) => errors.push(m),
+                            }
                         }
                     }
                 }
@@ -253,18 +277,32 @@ impl IngesterWriter for ReplicatedWriter {
                 // them must take the write (and at least a quorum).
                 if ok >= need {
                     Ok(())
+                } else if let Some(m) = limit {
+                    // A replica refused by the tenant's limit: retrying
+                    // does not help, so it is the answer.
+                    Err(WriteError::Limit {
+                        limit: "max_series",
+                        message: m,
+                    })
                 } else {
-                    Err(format!(
+                    Err(WriteError::Unavailable(format!(
                         "{} of {} replicas failed (a write needs {need} of {rf}): {}",
                         targets.len() - ok,
                         targets.len(),
                         errors.join("; ")
-                    ))
+                    )))
                 }
             }
         });
         let results = futures::future::join_all(writes).await;
-        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        let mut errors = Vec::new();
+        for r in results {
+            match r {
+                Ok(()) => {}
+                Err(e @ WriteError::Limit { .. }) => return Err(e),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
         if errors.is_empty() {
             Ok(())
         } else {
@@ -360,9 +398,9 @@ mod tests {
 
     #[async_trait::async_trait]
     impl ReplicaClient for Fake {
-        async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), String> {
+        async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), ReplicaError> {
             if self.down.contains(&to.id) {
-                return Err(format!("{} is down", to.id));
+                return Err(ReplicaError::Failed(format!("{} is down", to.id)));
             }
             self.got.lock().push((to.id.clone(), req.profiles.len()));
             Ok(())

@@ -43,6 +43,8 @@ impl IngesterService for WriteServer {
                 Ok(Response::new(WriteResponse {}))
             }
             Err(e @ Error::ShuttingDown) => Err(Status::unavailable(e.to_string())),
+            // The tenant's own limit: the distributor passes it on, not retried.
+            Err(e @ Error::SeriesLimit { .. }) => Err(Status::resource_exhausted(e.to_string())),
             Err(e) => Err(Status::unavailable(format!("ingester: {e}"))),
         }
     }

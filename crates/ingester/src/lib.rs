@@ -21,7 +21,10 @@
 //!   block the querier removes duplicates by profile id.
 //!
 //! Failure modes: object storage down → uploads retry with backoff while
-//! writes keep being acknowledged (the WAL grows); a crash → replay on start;
+//! writes keep being acknowledged (the WAL grows) until the heads, those
+//! waiting to be stored included, reach `max_head_memory`; then writes are
+//! refused ([`Error::HeadFull`], retryable) until blocks are stored again;
+//! a crash → replay on start;
 //! a torn WAL tail (crash mid-append, never acknowledged) is truncated.
 
 mod grpc;
@@ -61,7 +64,32 @@ pub enum Error {
     FlushDeadline,
     #[error("ingester is shutting down")]
     ShuttingDown,
+    /// The heads hold `held` bytes, at or over `limit`: blocks are not
+    /// being stored fast enough (object store down?). Retryable.
+    #[error(
+        "the ingester's heads are full ({held} bytes held, limit {limit}): blocks cannot be \
+         stored fast enough (is the object store down?); retry later"
+    )]
+    HeadFull { held: usize, limit: usize },
+    /// The write would give `tenant` more than `limit` series in this
+    /// ingester's head, which holds `series` of them. The client's limit:
+    /// not retryable as is.
+    #[error(
+        "tenant {tenant} is at its limit of {limit} series in an ingester's head ({series} series \
+         held, this write adds {new} new ones): writes to existing series are accepted; new \
+         series are refused until the head is cut to a block or the limit (max_series) is raised"
+    )]
+    SeriesLimit {
+        tenant: TenantId,
+        limit: usize,
+        series: usize,
+        new: usize,
+    },
 }
+
+/// A tenant's `max_series` (none: unlimited), asked on every write so that
+/// a reloaded tenants file applies at once.
+pub type SeriesLimit = Arc<dyn Fn(&TenantId) -> Option<usize> + Send + Sync>;
 
 /// Ingester settings.
 #[derive(Clone, Debug)]
@@ -74,10 +102,15 @@ pub struct Config {
     pub flush_interval: Duration,
     /// Cut blocks when the heads hold more than this many (estimated) bytes.
     pub max_head_bytes: usize,
+    /// Refuse writes ([`Error::HeadFull`]) while the heads, those being
+    /// flushed included, hold this many (estimated) bytes or more.
+    pub max_head_memory: usize,
 }
 
 struct Pending {
     wal_segment: u64,
+    /// Estimated bytes of `heads`.
+    bytes: usize,
     heads: Arc<HashMap<String, TenantHead>>,
     done: HashSet<String>,
 }
@@ -86,7 +119,15 @@ struct Pending {
 struct State {
     active: HashMap<String, TenantHead>,
     active_bytes: usize,
+    /// Estimated bytes of the heads in `pending`.
+    pending_bytes: usize,
     pending: VecDeque<Pending>,
+}
+
+impl State {
+    fn held(&self) -> usize {
+        self.active_bytes + self.pending_bytes
+    }
 }
 
 #[derive(Clone, Default)]
@@ -99,6 +140,9 @@ struct Metrics {
     upload_failures: Counter,
     index_failures: Counter,
     head_bytes: Gauge,
+    head_memory: Gauge,
+    head_full: Counter,
+    series_limit: Counter,
     replayed: Counter,
 }
 
@@ -112,6 +156,7 @@ pub struct Ingester {
     state: RwLock<State>,
     flush_lock: tokio::sync::Mutex<()>,
     last_flush: parking_lot::Mutex<Instant>,
+    series_limit: RwLock<Option<SeriesLimit>>,
     m: Metrics,
 }
 
@@ -164,6 +209,21 @@ impl Ingester {
             m.head_bytes.clone(),
         );
         r.register(
+            "head_memory_bytes",
+            "Estimated bytes held in heads, those being flushed included (capped by --max-head-memory)",
+            m.head_memory.clone(),
+        );
+        r.register(
+            "head_full_refusals",
+            "Writes refused because the heads were full (retryable 503 to clients)",
+            m.head_full.clone(),
+        );
+        r.register(
+            "series_limit_refusals",
+            "Writes refused because they would take a tenant over its max_series in this head",
+            m.series_limit.clone(),
+        );
+        r.register(
             "wal_replayed_records",
             "WAL records replayed at start",
             m.replayed.clone(),
@@ -190,6 +250,7 @@ impl Ingester {
         }
         m.replayed.inc_by(replayed as u64);
         m.head_bytes.set(state.active_bytes as i64);
+        m.head_memory.set(state.held() as i64);
         tracing::info!(records = replayed, dir = %cfg.data_dir.display(), "replayed wal");
         Ok(Arc::new(Ingester {
             cfg,
@@ -200,13 +261,68 @@ impl Ingester {
             state: RwLock::new(state),
             flush_lock: tokio::sync::Mutex::new(()),
             last_flush: parking_lot::Mutex::new(Instant::now()),
+            series_limit: RwLock::new(None),
             m,
         }))
     }
 
+    /// Enforces per-tenant `max_series` on this ingester's active head
+    /// (see [`Error::SeriesLimit`]). Series already held are kept when a
+    /// limit is lowered; a cut head no longer counts.
+    pub fn set_series_limit(&self, limit: SeriesLimit) {
+        *self.series_limit.write() = Some(limit);
+    }
+
+    /// Refuses `batch` if it would create series beyond its tenant's limit.
+    /// Concurrent writes may each pass the check and together go a few
+    /// series beyond it.
+    fn check_series(&self, batch: &IngestBatch) -> Result<(), Error> {
+        let Some(limit) = self
+            .series_limit
+            .read()
+            .as_ref()
+            .and_then(|f| f(&batch.tenant))
+        else {
+            return Ok(());
+        };
+        let st = self.state.read();
+        let head = st.active.get(batch.tenant.as_str());
+        let series = head.map_or(0, |h| h.series.len());
+        let mut new = HashSet::new();
+        for p in &batch.profiles {
+            let sid = p.series_id();
+            if !head.is_some_and(|h| h.series.contains_key(&sid)) {
+                new.insert(sid);
+            }
+        }
+        if new.is_empty() || series.saturating_add(new.len()) <= limit {
+            return Ok(());
+        }
+        self.m.series_limit.inc();
+        Err(Error::SeriesLimit {
+            tenant: batch.tenant.clone(),
+            limit,
+            series,
+            new: new.len(),
+        })
+    }
+
     /// Makes a batch durable, then visible to queries. Returns the sample
-    /// rows added (0 when every profile was already present).
+    /// rows added (0 when every profile was already present). Refused,
+    /// before anything is written, with [`Error::HeadFull`] while the heads
+    /// hold `max_head_memory` bytes or more (concurrent writes may each add
+    /// one batch beyond it), and with [`Error::SeriesLimit`] when it would
+    /// take its tenant over its series limit.
     pub async fn write(&self, batch: &IngestBatch) -> Result<usize, Error> {
+        let held = self.state.read().held();
+        if held >= self.cfg.max_head_memory {
+            self.m.head_full.inc();
+            return Err(Error::HeadFull {
+                held,
+                limit: self.cfg.max_head_memory,
+            });
+        }
+        self.check_series(batch)?;
         let rec = fathom_proto::encode_write_request(batch);
         let _g = self.gate.read().await;
         self.wal.append(rec).await?;
@@ -217,6 +333,7 @@ impl Ingester {
         let grown = h.bytes - before;
         st.active_bytes += grown;
         self.m.head_bytes.set(st.active_bytes as i64);
+        self.m.head_memory.set(st.held() as i64);
         self.m.profiles.inc_by(batch.profiles.len() as u64);
         self.m.samples.inc_by(added as u64);
         Ok(added)
@@ -273,9 +390,11 @@ impl Ingester {
                 let seg = self.wal.rotate().await?;
                 let mut st = self.state.write();
                 let heads = std::mem::take(&mut st.active);
-                st.active_bytes = 0;
+                let bytes = std::mem::take(&mut st.active_bytes);
+                st.pending_bytes += bytes;
                 st.pending.push_back(Pending {
                     wal_segment: seg,
+                    bytes,
                     heads: Arc::new(heads),
                     done: HashSet::new(),
                 });
@@ -303,7 +422,13 @@ impl Ingester {
                     p.done.insert(tenant.clone());
                 }
             }
-            self.state.write().pending.pop_front();
+            {
+                let mut st = self.state.write();
+                if let Some(p) = st.pending.pop_front() {
+                    st.pending_bytes -= p.bytes;
+                }
+                self.m.head_memory.set(st.held() as i64);
+            }
             let removed = self.wal.remove_before(seg)?;
             tracing::debug!(segments = removed, "dropped flushed wal segments");
         }
@@ -438,6 +563,7 @@ mod tests {
                 name: "test".into(),
                 flush_interval: Duration::from_secs(3600),
                 max_head_bytes: 1 << 30,
+                max_head_memory: 1 << 30,
             },
             store,
             index,
@@ -515,6 +641,7 @@ mod tests {
                 name: "test".into(),
                 flush_interval: Duration::from_secs(3600),
                 max_head_bytes: 1 << 30,
+                max_head_memory: 1 << 30,
             },
             Arc::new(ReadOnly(store.clone())),
             index.clone(),
@@ -586,6 +713,7 @@ mod tests {
                     name: "test".into(),
                     flush_interval: Duration::from_secs(3600),
                     max_head_bytes: 1 << 30,
+                    max_head_memory: 1 << 30,
                 },
                 store.clone(),
                 index,
@@ -617,6 +745,230 @@ mod tests {
             1
         );
         assert!(ing.snapshot(&t, 0, i64::MAX).profiles.is_empty());
+    }
+
+    /// An object store whose writes fail while `down` is set.
+    #[derive(Debug, Default)]
+    struct Outage {
+        down: std::sync::atomic::AtomicBool,
+        inner: InMemory,
+    }
+
+    impl std::fmt::Display for Outage {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("outage")
+        }
+    }
+
+    impl Outage {
+        fn check(&self) -> object_store::Result<()> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                Err(refused())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for Outage {
+        async fn put_opts(
+            &self,
+            l: &object_store::path::Path,
+            p: object_store::PutPayload,
+            o: object_store::PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            self.check()?;
+            self.inner.put_opts(l, p, o).await
+        }
+        async fn put_multipart_opts(
+            &self,
+            l: &object_store::path::Path,
+            o: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.check()?;
+            self.inner.put_multipart_opts(l, o).await
+        }
+        async fn get_opts(
+            &self,
+            l: &object_store::path::Path,
+            o: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            self.inner.get_opts(l, o).await
+        }
+        fn delete_stream(
+            &self,
+            l: futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>
+        {
+            self.inner.delete_stream(l)
+        }
+        fn list(
+            &self,
+            p: Option<&object_store::path::Path>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
+            self.inner.list(p)
+        }
+        async fn list_with_delimiter(
+            &self,
+            p: Option<&object_store::path::Path>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.inner.list_with_delimiter(p).await
+        }
+        async fn copy_opts(
+            &self,
+            f: &object_store::path::Path,
+            t: &object_store::path::Path,
+            o: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            self.check()?;
+            self.inner.copy_opts(f, t, o).await
+        }
+    }
+
+    /// While the object store is down, the heads fill up to the memory cap
+    /// and writes are refused (retryable, nothing written); once it is back,
+    /// a flush frees the heads, writes are accepted again, and every
+    /// acknowledged write is in the stored blocks.
+    #[tokio::test]
+    async fn a_full_head_refuses_writes_until_blocks_are_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Outage::default());
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let index = Arc::new(MemoryIndex::default());
+        let limit = 4096;
+        let ing = Ingester::open(
+            Config {
+                data_dir: dir.path().to_owned(),
+                name: "test".into(),
+                flush_interval: Duration::from_secs(3600),
+                max_head_bytes: 1 << 30,
+                max_head_memory: limit,
+            },
+            store.clone(),
+            index.clone(),
+            &mut Registry::default(),
+        )
+        .unwrap();
+        let mut acked = 0i64;
+        let mut seed = 0u64;
+        let refused = loop {
+            seed += 1;
+            assert!(
+                seed < 1000,
+                "the cap of {limit} bytes never refused a write"
+            );
+            match ing.write(&batch("t1", seed, 1)).await {
+                Ok(_) => acked += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(refused, Error::HeadFull { held, limit: l } if held >= l && l == limit),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("retry later"), "{refused}");
+        assert!(acked > 1, "several writes fit under the cap");
+        let wal = ing.wal_disk_bytes();
+        // A cut with the store down moves the heads to pending: they still
+        // count, so writes are still refused, and the WAL did not grow.
+        let err = ing
+            .flush(Some(Instant::now() + Duration::from_millis(300)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        assert!(matches!(
+            ing.write(&batch("t1", 5000, 1)).await,
+            Err(Error::HeadFull { .. })
+        ));
+        assert_eq!(
+            ing.wal_disk_bytes(),
+            wal,
+            "a refused write leaves no WAL record"
+        );
+        let t = TenantId::new("t1").unwrap();
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), acked);
+        // The store is back: the pending heads become blocks and writes are
+        // accepted again.
+        store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(ing.flush(None).await.unwrap().len(), 1);
+        ing.write(&batch("t1", 6000, 1)).await.unwrap();
+        acked += 1;
+        assert_eq!(ing.flush(None).await.unwrap().len(), 1);
+        let blocks = index.blocks("t1", 0, i64::MAX).await.unwrap();
+        let stored: u64 = blocks.iter().map(|b| b.stats.samples).sum();
+        assert_eq!(stored, acked as u64, "every acknowledged write is stored");
+    }
+
+    /// A batch of one profile of series `svc` of `tenant`.
+    fn series_batch(tenant: &str, seed: u64, svc: &str) -> IngestBatch {
+        let mut b = batch(tenant, seed, 1);
+        b.profiles[0].labels = Labels::from_pairs([("service_name", svc)]).unwrap();
+        b
+    }
+
+    /// At its max_series a tenant's new series are refused before anything
+    /// is written; its existing series and other tenants are unaffected;
+    /// a raised limit applies at once and a cut head frees the count.
+    #[tokio::test]
+    async fn max_series_refuses_new_series_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let ing = open(
+            dir.path(),
+            Arc::new(InMemory::new()),
+            Arc::new(MemoryIndex::default()),
+        );
+        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(2));
+        let l = limit.clone();
+        ing.set_series_limit(Arc::new(move |t: &TenantId| {
+            (t.as_str() == "t1").then(|| l.load(std::sync::atomic::Ordering::SeqCst))
+        }));
+        ing.write(&series_batch("t1", 1, "a")).await.unwrap();
+        ing.write(&series_batch("t1", 2, "b")).await.unwrap();
+        let wal = ing.wal_disk_bytes();
+        let err = ing.write(&series_batch("t1", 3, "c")).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::SeriesLimit { tenant, limit: 2, series: 2, new: 1 } if tenant.as_str() == "t1"),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("tenant t1") && msg.contains("limit of 2 series"),
+            "{msg}"
+        );
+        assert_eq!(
+            ing.wal_disk_bytes(),
+            wal,
+            "a refused write leaves no WAL record"
+        );
+        let t1 = TenantId::new("t1").unwrap();
+        assert_eq!(ing.snapshot(&t1, 0, i64::MAX).series.len(), 2);
+        assert_eq!(ing.snapshot(&t1, 0, i64::MAX).profiles.len(), 2);
+        // A batch mixing an existing and a new series is refused whole.
+        let mut mixed = series_batch("t1", 4, "a");
+        mixed.profiles.extend(series_batch("t1", 5, "d").profiles);
+        assert!(matches!(
+            ing.write(&mixed).await,
+            Err(Error::SeriesLimit { new: 1, .. })
+        ));
+        assert_eq!(ing.snapshot(&t1, 0, i64::MAX).profiles.len(), 2);
+        // Existing series still take writes.
+        assert_eq!(ing.write(&series_batch("t1", 6, "a")).await.unwrap(), 1);
+        // Another tenant is not limited.
+        for (i, svc) in ["a", "b", "c", "d"].iter().enumerate() {
+            ing.write(&series_batch("t2", 10 + i as u64, svc))
+                .await
+                .unwrap();
+        }
+        // A raised limit applies to the next write.
+        limit.store(3, std::sync::atomic::Ordering::SeqCst);
+        ing.write(&series_batch("t1", 7, "c")).await.unwrap();
+        assert!(ing.write(&series_batch("t1", 8, "d")).await.is_err());
+        // Once the head is cut, its series no longer count.
+        ing.flush(None).await.unwrap();
+        ing.write(&series_batch("t1", 8, "d")).await.unwrap();
+        assert_eq!(ing.snapshot(&t1, 0, i64::MAX).series.len(), 1);
     }
 
     /// An object store whose writes fail.

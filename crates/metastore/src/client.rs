@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use fathom_api::secret::{ClusterSecret, SecretChannel};
 use fathom_block::{BlockIndex, BlockMeta, IndexError};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
@@ -30,6 +31,8 @@ pub struct ClientOptions {
     pub attempt_timeout: Duration,
     /// Pause between attempts grows from 25 ms up to this.
     pub max_backoff: Duration,
+    /// Sent with every call (the metastore refuses calls without it).
+    pub secret: ClusterSecret,
 }
 
 impl Default for ClientOptions {
@@ -38,6 +41,7 @@ impl Default for ClientOptions {
             deadline: Duration::from_secs(15),
             attempt_timeout: Duration::from_secs(5),
             max_backoff: Duration::from_secs(1),
+            secret: ClusterSecret::none(),
         }
     }
 }
@@ -141,7 +145,7 @@ impl MetastoreClient {
     /// unavailability until the deadline.
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, MetastoreError>
     where
-        F: Fn(Grpc<Channel>) -> Fut,
+        F: Fn(Grpc<SecretChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.call_any(f, true).await
@@ -151,7 +155,7 @@ impl MetastoreClient {
     /// that the node answering is the leader (every call but `leader`).
     async fn call_any<T, F, Fut>(&self, f: F, leader_only: bool) -> Result<T, MetastoreError>
     where
-        F: Fn(Grpc<Channel>) -> Fut,
+        F: Fn(Grpc<SecretChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let opts = &self.inner.opts;
@@ -163,7 +167,7 @@ impl MetastoreClient {
         loop {
             attempts += 1;
             let addr = self.target();
-            let client = Grpc::new(self.channel(&addr)?)
+            let client = Grpc::with_interceptor(self.channel(&addr)?, opts.secret.clone())
                 .max_decoding_message_size(64 << 20)
                 .max_encoding_message_size(64 << 20);
             let left = deadline.saturating_duration_since(Instant::now());
@@ -328,8 +332,21 @@ impl MetastoreClient {
         .await
     }
 
+    /// The tenants that have blocks.
+    pub async fn tenants(&self) -> Result<Vec<String>, MetastoreError> {
+        let r = self
+            .call(|mut c| async move { c.tenants(proto::Empty {}).await })
+            .await?;
+        Ok(r.tenants)
+    }
+
+    /// Every tenant's blocks, one call per tenant (the compactor's view).
     pub async fn all_blocks(&self) -> Result<Vec<BlockMeta>, MetastoreError> {
-        self.blocks_inner(proto::BlocksRequest::default()).await
+        let mut out = Vec::new();
+        for t in self.tenants().await? {
+            out.extend(self.blocks(&t, i64::MIN, i64::MAX).await?);
+        }
+        Ok(out)
     }
 
     /// Adds `add` and moves `remove` to pending deletion in one step. Fails
@@ -430,15 +447,34 @@ impl MetastoreClient {
     }
 }
 
+/// A member's registration and heartbeats, running in the background.
+pub struct Heartbeat {
+    task: JoinHandle<()>,
+    registered: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Heartbeat {
+    /// Completes once the member has been registered (at once if it is).
+    pub fn registered(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut r = self.registered.clone();
+        async move {
+            let _ = r.wait_for(|r| *r).await;
+        }
+    }
+
+    /// Stops heartbeating (the member leaves the live set one timeout
+    /// later).
+    pub fn abort(&self) {
+        self.task.abort();
+    }
+}
+
 /// Registers `member`, then heartbeats every `interval` forever,
 /// re-registering whenever the metastore does not know the member. Errors
-/// are logged and retried; abort the handle to stop.
-pub fn spawn_heartbeat(
-    client: MetastoreClient,
-    member: Member,
-    interval: Duration,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
+/// are logged and retried; [`Heartbeat::abort`] stops it.
+pub fn spawn_heartbeat(client: MetastoreClient, member: Member, interval: Duration) -> Heartbeat {
+    let (tx, registered) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
         let mut registered = false;
         loop {
             let res = if registered {
@@ -450,6 +486,7 @@ pub fn spawn_heartbeat(
                 Ok(()) => {
                     if !registered {
                         tracing::info!(member = %member.id, role = %member.role, "registered with the metastore");
+                        tx.send_replace(true);
                     }
                     registered = true;
                 }
@@ -463,7 +500,8 @@ pub fn spawn_heartbeat(
             }
             tokio::time::sleep(interval).await;
         }
-    })
+    });
+    Heartbeat { task, registered }
 }
 
 #[async_trait::async_trait]

@@ -59,6 +59,11 @@
 //!
 //! # Reads and writes
 //!
+//! Both services (client API and Raft) answer only calls that carry the
+//! cluster secret ([`MetastoreConfig::secret`], see
+//! [`fathom_api::secret`]); others get `UNAUTHENTICATED`. `Blocks` answers
+//! for one tenant per call; `Tenants` lists the tenants that have blocks.
+//!
 //! Every client call is served by the leader. A follower does not forward:
 //! it answers `UNAVAILABLE` with a message naming the leader and its address
 //! in the [`LEADER_METADATA`] entry; [`MetastoreClient`] follows it, caches
@@ -137,7 +142,7 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/fathom.metastore.v1.rs"));
 }
 
-pub use client::{ClientOptions, MetastoreClient, spawn_heartbeat};
+pub use client::{ClientOptions, Heartbeat, MetastoreClient, spawn_heartbeat};
 pub use error::{Error, MetastoreError};
 pub use node::{MetastoreConfig, MetastoreNode};
 pub use service::LEADER_METADATA;

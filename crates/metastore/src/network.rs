@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use fathom_api::secret::{ClusterSecret, SecretChannel};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
 };
@@ -14,7 +15,7 @@ use openraft::raft::{
 use openraft::{BasicNode, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use crate::proto::raft_client::RaftClient;
@@ -44,6 +45,8 @@ pub(crate) fn endpoint(addr: &str) -> Result<Endpoint, String> {
 /// Creates a connection per peer; openraft keeps one per replication stream.
 pub(crate) struct Network {
     pub(crate) id: NodeId,
+    /// Sent with every Raft call.
+    pub(crate) secret: ClusterSecret,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -51,7 +54,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConn {
         let client = endpoint(&node.addr).map(|e| {
-            RaftClient::new(e.connect_lazy())
+            RaftClient::with_interceptor(e.connect_lazy(), self.secret.clone())
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         });
@@ -66,7 +69,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub(crate) struct PeerConn {
     id: NodeId,
     target: NodeId,
-    client: Result<RaftClient<Channel>, String>,
+    client: Result<RaftClient<SecretChannel>, String>,
 }
 
 #[derive(Debug, thiserror::Error)]

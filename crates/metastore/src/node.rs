@@ -15,6 +15,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 
+use fathom_api::secret::{ClusterSecret, RequireSecret};
+use tonic::service::interceptor::InterceptedService;
+
 use crate::Error;
 use crate::log_store::LogStore;
 use crate::network::{MAX_RAFT_MESSAGE_BYTES, Network, RaftService};
@@ -54,6 +57,9 @@ pub struct MetastoreConfig {
     /// [`MetastoreNode::routes`] on the process's own gRPC server at
     /// `advertise`.
     pub serve: bool,
+    /// Both services (client API and Raft) refuse calls without this
+    /// secret, and this node's Raft calls to its peers carry it.
+    pub secret: ClusterSecret,
 }
 
 impl Default for MetastoreConfig {
@@ -69,6 +75,7 @@ impl Default for MetastoreConfig {
             raft_heartbeat_interval: Duration::from_millis(250),
             snapshot_every: 5000,
             serve: true,
+            secret: ClusterSecret::none(),
         }
     }
 }
@@ -261,6 +268,7 @@ pub struct MetastoreNode {
     tasks: Vec<JoinHandle<()>>,
     server: Option<JoinHandle<()>>,
     stopped: bool,
+    secret: ClusterSecret,
 }
 
 impl MetastoreNode {
@@ -324,7 +332,10 @@ impl MetastoreNode {
         let raft = Raft::new(
             cfg.node_id,
             Arc::new(raft_cfg),
-            Network { id: cfg.node_id },
+            Network {
+                id: cfg.node_id,
+                secret: cfg.secret.clone(),
+            },
             log,
             sm,
         )
@@ -346,6 +357,7 @@ impl MetastoreNode {
             tasks: Vec::new(),
             server: None,
             stopped: false,
+            secret: cfg.secret.clone(),
         };
         if let Some(listener) = listener {
             let routes = node.routes();
@@ -376,18 +388,24 @@ impl MetastoreNode {
     }
 
     /// The Raft and client gRPC services, to mount next to other services
-    /// on one port (when `serve` is false).
+    /// on one port (when `serve` is false). Both refuse calls without the
+    /// cluster secret ([`MetastoreConfig::secret`]).
     pub fn routes(&self) -> tonic::service::Routes {
-        tonic::service::Routes::new(
+        let check = RequireSecret(self.secret.clone());
+        tonic::service::Routes::new(InterceptedService::new(
             RaftServer::new(RaftService {
                 raft: self.inner.raft.clone(),
             })
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
-        )
-        .add_service(MetastoreServer::new(MetastoreService {
-            inner: self.inner.clone(),
-        }))
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            MetastoreServer::new(MetastoreService {
+                inner: self.inner.clone(),
+            }),
+            check,
+        ))
     }
 
     pub fn node_id(&self) -> u64 {

@@ -199,23 +199,30 @@ impl Metastore for MetastoreService {
 
     async fn blocks(&self, req: Request<proto::BlocksRequest>) -> Reply<proto::BlocksReply> {
         let req = req.into_inner();
-        let blocks = match req.tenant {
-            Some(t) => {
-                check_tenant(&t)?;
-                if req.start_nanos > req.end_nanos {
-                    return Err(Status::invalid_argument(format!(
-                        "start {} is after end {}",
-                        req.start_nanos, req.end_nanos
-                    )));
-                }
-                self.read(|s| s.blocks(&t, req.start_nanos, req.end_nanos))
-                    .await?
-            }
-            None => self.read(State::all_blocks).await?,
+        let Some(t) = req.tenant else {
+            return Err(Status::invalid_argument(
+                "blocks: the tenant is missing; a call lists one tenant's blocks \
+                 (Tenants lists the tenants)",
+            ));
         };
+        check_tenant(&t)?;
+        if req.start_nanos > req.end_nanos {
+            return Err(Status::invalid_argument(format!(
+                "start {} is after end {}",
+                req.start_nanos, req.end_nanos
+            )));
+        }
+        let blocks = self
+            .read(|s| s.blocks(&t, req.start_nanos, req.end_nanos))
+            .await?;
         Ok(Response::new(proto::BlocksReply {
             blocks: blocks.iter().map(proto::BlockMeta::from).collect(),
         }))
+    }
+
+    async fn tenants(&self, _req: Request<proto::Empty>) -> Reply<proto::TenantsReply> {
+        let tenants = self.read(State::tenants).await?;
+        Ok(Response::new(proto::TenantsReply { tenants }))
     }
 
     async fn replace_blocks(

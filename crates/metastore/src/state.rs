@@ -186,6 +186,15 @@ impl State {
             .collect()
     }
 
+    /// The tenants that have blocks.
+    pub(crate) fn tenants(&self) -> Vec<String> {
+        self.blocks
+            .iter()
+            .filter(|(_, m)| !m.is_empty())
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
     pub(crate) fn pending_deletions(&self) -> Vec<PendingDeletion> {
         self.pending
             .values()

@@ -78,6 +78,7 @@ impl Cluster {
                 raft_heartbeat_interval: Duration::from_millis(100),
                 snapshot_every: 20,
                 serve: true,
+                secret: fathom_api::secret::ClusterSecret::none(),
             })
             .collect();
         let mut nodes = Vec::new();
@@ -552,6 +553,7 @@ async fn client_fails_after_its_deadline_when_nothing_answers() {
             deadline: Duration::from_millis(700),
             attempt_timeout: Duration::from_millis(200),
             max_backoff: Duration::from_millis(100),
+            ..Default::default()
         },
     )
     .unwrap();
@@ -682,7 +684,11 @@ async fn followers_redirect_with_the_leader_address() {
     .await
     .unwrap();
     let status = raw
-        .blocks(proto::BlocksRequest::default())
+        .blocks(proto::BlocksRequest {
+            tenant: Some("t1".into()),
+            start_nanos: 0,
+            end_nanos: 1,
+        })
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable);
@@ -722,9 +728,63 @@ async fn five_nodes_tolerate_two_failures() {
             deadline: Duration::from_secs(2),
             attempt_timeout: Duration::from_millis(500),
             max_backoff: Duration::from_millis(200),
+            ..Default::default()
         },
     )
     .unwrap();
     let err = short.blocks("t1", 0, 1).await.unwrap_err();
     assert!(matches!(err, MetastoreError::Unavailable { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_node_with_a_secret_refuses_calls_without_it() {
+    use fathom_api::secret::ClusterSecret;
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let secret = ClusterSecret::new("metastore-test-secret").unwrap();
+    let cfg = MetastoreConfig {
+        election_timeout: (Duration::from_millis(300), Duration::from_millis(600)),
+        raft_heartbeat_interval: Duration::from_millis(100),
+        secret: secret.clone(),
+        ..MetastoreConfig::single(dir.path().join("meta"), listen)
+    };
+    let node = MetastoreNode::start(cfg.clone()).await.unwrap();
+    let with = |s: ClusterSecret| {
+        MetastoreClient::with_options(
+            [cfg.advertise.clone()],
+            fathom_metastore::ClientOptions {
+                secret: s,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    with(secret.clone())
+        .add_block(block("t1", "b1", 0, 10))
+        .await
+        .unwrap();
+    for s in [
+        ClusterSecret::none(),
+        ClusterSecret::new("another-secret-value").unwrap(),
+    ] {
+        let e = with(s).blocks("t1", 0, 10).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                fathom_metastore::MetastoreError::Rpc {
+                    code: tonic::Code::Unauthenticated,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    // Every tenant's blocks, one tenant per call.
+    assert_eq!(
+        ids(&with(secret.clone()).all_blocks().await.unwrap()),
+        ["b1"]
+    );
+    assert_eq!(with(secret).tenants().await.unwrap(), ["t1"]);
+    node.shutdown().await;
 }

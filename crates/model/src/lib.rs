@@ -18,6 +18,7 @@
 //! - a `Labels` set is sorted by name with unique names;
 //! - an [`Id`] depends only on the content it names (xxh3-128).
 
+mod demangle;
 mod ids;
 mod labels;
 mod profile;
@@ -26,6 +27,7 @@ mod selector;
 mod symbols;
 mod tenant;
 
+pub use demangle::demangle;
 pub use ids::{Id, IdHasher};
 pub use labels::{LabelError, Labels, SERVICE_NAME, valid_label_name};
 pub use profile::{IngestBatch, Profile, Sample, series_id};

@@ -145,13 +145,31 @@ impl Symbols {
 
     /// The frame names of a stack, root first and leaf last, inlined
     /// functions expanded (caller before callee). A location without lines
-    /// prints as its address, `0x<hex>`. Unknown ids print as `?`.
+    /// prints as its address, `0x<hex>`, as `go tool pprof` prints it (the
+    /// correctness contract's folded form). Unknown ids print as `?`.
     pub fn frames(&self, stack: &Id) -> Vec<String> {
         self.frames_by(stack, |f| f.name.clone())
     }
 
     /// [`Symbols::frames`] with each function's name chosen by `name`.
     pub fn frames_by(&self, stack: &Id, name: impl Fn(&Function) -> String) -> Vec<String> {
+        self.frames_with(stack, name, |loc| format!("0x{:x}", loc.address))
+    }
+
+    /// [`Symbols::frames_by`] for what people look at (flame graphs, top
+    /// tables, the compare view): a location without lines reads as
+    /// [`Symbols::address_name`], its binary and offset when it awaits
+    /// server-side symbolization.
+    pub fn frames_display_by(&self, stack: &Id, name: impl Fn(&Function) -> String) -> Vec<String> {
+        self.frames_with(stack, name, |loc| self.address_name(loc))
+    }
+
+    fn frames_with(
+        &self,
+        stack: &Id,
+        name: impl Fn(&Function) -> String,
+        address: impl Fn(&Location) -> String,
+    ) -> Vec<String> {
         let mut out = Vec::new();
         let Some(s) = self.stacks.get(stack) else {
             out.push("?".to_owned());
@@ -160,7 +178,7 @@ impl Symbols {
         for loc_id in s.locations.iter().rev() {
             match self.locations.get(loc_id) {
                 None => out.push("?".to_owned()),
-                Some(loc) if loc.lines.is_empty() => out.push(format!("0x{:x}", loc.address)),
+                Some(loc) if loc.lines.is_empty() => out.push(address(loc)),
                 Some(loc) => {
                     for line in loc.lines.iter().rev() {
                         out.push(
@@ -174,6 +192,24 @@ impl Symbols {
             }
         }
         out
+    }
+
+    /// How a location nobody symbolized is shown to people:
+    /// `<file name>+0x<offset>` (the offset in the file, the same in every
+    /// process) when its mapping names a file, else `0x<address>`.
+    pub fn address_name(&self, loc: &Location) -> String {
+        match self.mappings.get(&loc.mapping) {
+            Some(m) if !m.filename.is_empty() => {
+                let base = m.filename.rsplit('/').next().unwrap_or(&m.filename);
+                let offset = loc
+                    .address
+                    .checked_sub(m.memory_start)
+                    .and_then(|a| a.checked_add(m.file_offset))
+                    .unwrap_or(loc.address);
+                format!("{base}+0x{offset:x}")
+            }
+            _ => format!("0x{:x}", loc.address),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -260,16 +296,59 @@ mod tests {
             address: 0xbeef,
             ..Default::default()
         });
+        let lib = s.add_mapping(Mapping {
+            memory_start: 0x7f00_0000_0000,
+            memory_limit: 0x7f00_0001_0000,
+            file_offset: 0x2000,
+            filename: "/usr/lib/libfoo.so".into(),
+            build_id: "ab12".into(),
+        });
+        let l_lib = s.add_location(Location {
+            mapping: lib,
+            address: 0x7f00_0000_0123,
+            ..Default::default()
+        });
         let st = s.add_stack(Stack {
-            locations: vec![l_raw, l_ab, l_main],
+            locations: vec![l_raw, l_lib, l_ab, l_main],
         });
         (s, st)
+    }
+
+    /// The folded form prints an address-only frame as `go tool pprof`
+    /// does; the display form names its binary and the offset in it.
+    #[test]
+    fn an_address_reads_as_pprof_prints_it_and_shows_its_binary() {
+        let mut s = Symbols::default();
+        let m = s.add_mapping(Mapping {
+            memory_start: 0x7f00_0000_0000,
+            memory_limit: 0x7f00_0001_0000,
+            filename: "/lib/libc-2.15.so".into(),
+            ..Default::default()
+        });
+        let l = s.add_location(Location {
+            mapping: m,
+            address: 0x7f00_0000_0123,
+            ..Default::default()
+        });
+        let st = s.add_stack(Stack { locations: vec![l] });
+        assert_eq!(s.frames(&st), vec!["0x7f0000000123"]);
+        assert_eq!(
+            s.frames_display_by(&st, |f| f.name.clone()),
+            vec!["libc-2.15.so+0x123"]
+        );
     }
 
     #[test]
     fn frames_root_first_with_inlines() {
         let (s, st) = sample_symbols();
-        assert_eq!(s.frames(&st), vec!["main", "a", "b", "0xbeef"]);
+        assert_eq!(
+            s.frames(&st),
+            vec!["main", "a", "b", "0x7f0000000123", "0xbeef"]
+        );
+        assert_eq!(
+            s.frames_display_by(&st, |f| f.name.clone()),
+            vec!["main", "a", "b", "libfoo.so+0x2123", "0xbeef"]
+        );
     }
 
     #[test]

@@ -84,6 +84,16 @@ pub use folded::{
     folded_profile_type, parse_folded,
 };
 pub use legacy::LegacyError;
+
+/// The legacy (pre-protobuf) text and binary formats alone, without
+/// trying protobuf first as [`decode`] does: for tests and fuzzing. Never
+/// panics, whatever the input.
+pub fn decode_legacy(
+    bytes: &[u8],
+    limits: &Limits,
+) -> Result<fathom_proto::pprof::Profile, LegacyError> {
+    legacy::parse(bytes, limits)
+}
 pub use normalize::{
     DEFAULT_MAX_SERIES, IGNORED_SAMPLE_LABELS, NormalizeError, NormalizeOptions, Normalized,
     display_name, go_pprof_display_name, normalize, profile_type, sanitize_label_name,

@@ -311,7 +311,8 @@ impl Window {
                 let mut o = Observation::default();
                 for (stack, v) in obs {
                     let f = frames.entry(*stack).or_insert_with(|| {
-                        self.symbols.frames_by(stack, crate::render::frame_name)
+                        self.symbols
+                            .frames_display_by(stack, crate::render::frame_name)
                     });
                     o.add_stack(fns, f, *v);
                 }

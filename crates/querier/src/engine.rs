@@ -415,6 +415,7 @@ impl Querier {
                 out.merge(&syms.subset(missing));
             }
         }
+        self.symbolize(tenant, &mut out).await;
         Ok(out)
     }
 
@@ -448,6 +449,7 @@ impl Querier {
             let ids: Vec<Id> = head_stacks.into_iter().collect();
             out.merge(&self.inner.head.symbols(tenant, &ids).await?);
         }
+        self.symbolize(tenant, &mut out).await;
         Ok(out)
     }
 

@@ -54,13 +54,19 @@ pub(crate) fn range(
         Some(v) => {
             parse_time(v, now).map_err(|err| ApiError::bad_request(format!("{s}: {err}")))?
         }
-        None => end - 3600 * 1_000_000_000,
+        None => end.saturating_sub(3600 * 1_000_000_000),
     };
     check_range(q, start, end, s, e)
 }
 
-/// `[start, end]` (unix nanoseconds) if it is ordered and within the
-/// longest query range; `s` and `e` name the bounds in errors.
+/// The latest time a query may name: 2200-01-01T00:00:00Z, in unix
+/// nanoseconds. With times in `[0, MAX_TIME_NANOS]`, differences, sums and
+/// step arithmetic of query ranges cannot overflow an `i64`.
+pub(crate) const MAX_TIME_NANOS: i64 = 7_258_118_400 * 1_000_000_000;
+
+/// `[start, end]` (unix nanoseconds) if both are between 1970 and
+/// [`MAX_TIME_NANOS`], ordered, and within the longest query range; `s` and
+/// `e` name the bounds in errors.
 pub(crate) fn check_range(
     q: &Querier,
     start: i64,
@@ -68,13 +74,21 @@ pub(crate) fn check_range(
     s: &str,
     e: &str,
 ) -> Result<Range, ApiError> {
+    for (name, t) in [(s, start), (e, end)] {
+        if !(0..=MAX_TIME_NANOS).contains(&t) {
+            return Err(ApiError::bad_request(format!(
+                "{name} is {t} ns since 1970; a query's times must lie between \
+                 1970-01-01 and 2200-01-01"
+            )));
+        }
+    }
     if start > end {
         return Err(ApiError::bad_request(format!("{s} is after {e}")));
     }
-    if end.saturating_sub(start) > q.config().max_range_nanos {
+    if end.saturating_sub(start) > q.max_range_nanos() {
         return Err(ApiError::bad_request(format!(
             "the range {s}..{e} is longer than the limit of {} hours",
-            q.config().max_range_nanos / 3_600_000_000_000
+            q.max_range_nanos() / 3_600_000_000_000
         )));
     }
     Ok(Range { start, end })
@@ -202,11 +216,11 @@ pub(crate) fn range_params(
         Some(s) => parse_step(s)?,
         None => (span / 240).max(1_000_000_000),
     };
-    if span / step > q.config().max_points {
+    if span / step > q.max_points() {
         return Err(ApiError::bad_request(format!(
             "step is too small: {} points per series; the limit is {}",
             span / step,
-            q.config().max_points
+            q.max_points()
         )));
     }
     let group_by: Vec<String> = p
@@ -475,4 +489,90 @@ async fn changes(
         "changes": &ranked[..ranked.len().min(limit)],
     }))
     .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn querier() -> Querier {
+        crate::test_querier(Arc::new(fathom_block::MemoryIndex::default()))
+    }
+
+    fn params(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Negative, huge and extreme times are refused with 400 naming the
+    /// bound; nothing overflows on the way (a debug build would panic).
+    #[test]
+    fn extreme_times_are_refused_not_overflowed() {
+        let q = querier();
+        let refused = |kv: &[(&str, &str)], want: &str| {
+            let e = range(&q, &params(kv), "start", "end").err();
+            let e = e.unwrap_or_else(|| panic!("{kv:?} was accepted"));
+            assert_eq!(
+                e.status(),
+                axum::http::StatusCode::BAD_REQUEST,
+                "{kv:?}: {e}"
+            );
+            assert!(e.to_string().contains(want), "{kv:?}: {e}");
+        };
+        let min_ms = (i64::MIN / 1_000_000).to_string();
+        let max_ms = (i64::MAX / 1_000_000).to_string();
+        // The default start (end minus an hour) of the smallest end.
+        refused(&[("end", &min_ms)], "start is");
+        refused(&[("start", &min_ms), ("end", &max_ms)], "start is");
+        refused(&[("start", "-1"), ("end", "1000")], "start is");
+        refused(&[("start", "0"), ("end", &max_ms)], "end is");
+        refused(&[("start", "now-1000000y")], "start is");
+        refused(
+            &[("start", "1900-01-01T00:00:00Z"), ("end", "now")],
+            "start is",
+        );
+        refused(&[("start", "2250-01-01T00:00:00Z")], "start is");
+        refused(&[("start", "9223372036854775807")], "out of range");
+        // The longest range is enforced between valid times.
+        refused(&[("start", "0"), ("end", "now")], "longer than the limit");
+        // Bounds themselves are fine.
+        let r = range(
+            &q,
+            &params(&[("start", "0"), ("end", "1000")]),
+            "start",
+            "end",
+        )
+        .unwrap();
+        assert_eq!((r.start, r.end), (0, 1_000_000_000));
+    }
+
+    #[test]
+    fn steps_and_points_are_bounded() {
+        let q = querier();
+        let p = |step: &str| {
+            params(&[
+                ("query", "process_cpu:cpu:nanoseconds:cpu:nanoseconds{}"),
+                ("start", "1700000000000"),
+                ("end", "1700086400000"),
+                ("step", step),
+            ])
+        };
+        for step in ["0.000000001", "1e-300", "0", "-5", "NaN", "-inf"] {
+            let e = range_params(&q, &p(step)).err().unwrap();
+            assert_eq!(
+                e.status(),
+                axum::http::StatusCode::BAD_REQUEST,
+                "{step}: {e}"
+            );
+        }
+        // A huge step is one point, not an overflow.
+        for step in ["1e300", "inf", "1000000y"] {
+            let (_, _, s, _) = range_params(&q, &p(step)).unwrap();
+            assert!(s > 0, "{step}");
+        }
+        let (_, r, s, _) = range_params(&q, &p("60")).unwrap();
+        assert!((r.end - r.start) / s <= q.config().max_points);
+    }
 }

@@ -124,6 +124,15 @@ pub trait HeadSource: Send + Sync + 'static {
     async fn symbols(&self, tenant: &TenantId, stacks: &[Id]) -> Result<Symbols, QueryError>;
 }
 
+/// Symbolizes, at query time, the locations that arrived as (mapping with
+/// a build id, address) only: the server's symbolizer (`fathom-symbols`).
+/// It changes locations in place (keeping their ids: the table is the
+/// query's own) and returns within its own bounded wait.
+#[async_trait::async_trait]
+pub trait SymbolResolver: Send + Sync + 'static {
+    async fn symbolize(&self, tenant: &TenantId, symbols: &mut Symbols);
+}
+
 /// Querier settings.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -214,6 +223,7 @@ pub(crate) struct Inner {
     pub(crate) block_info: Mutex<Lru<BlockInfo>>,
     pub(crate) block_symbols: Mutex<Lru<Symbols>>,
     pub(crate) metrics: engine::Metrics,
+    pub(crate) symbolizer: std::sync::OnceLock<Arc<dyn SymbolResolver>>,
 }
 
 impl Querier {
@@ -238,12 +248,42 @@ impl Querier {
                 exec,
                 runtime,
                 metrics,
+                symbolizer: std::sync::OnceLock::new(),
             }),
         })
     }
 
+    /// Symbolizes address-only frames of every answer from now on (once;
+    /// later calls are ignored).
+    pub fn set_symbolizer(&self, s: Arc<dyn SymbolResolver>) {
+        let _ = self.inner.symbolizer.set(s);
+    }
+
+    /// Runs the symbolizer, if there is one, over a query's symbols.
+    pub(crate) async fn symbolize(&self, tenant: &TenantId, symbols: &mut Symbols) {
+        if let Some(s) = self.inner.symbolizer.get() {
+            s.symbolize(tenant, symbols).await;
+        }
+    }
+
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// Longest query range for the request's tenant: its tenants-file
+    /// limit, else the flag.
+    pub fn max_range_nanos(&self) -> i64 {
+        fathom_api::auth::request_limits()
+            .and_then(|l| l.max_query_range)
+            .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+            .unwrap_or(self.inner.cfg.max_range_nanos)
+    }
+
+    /// Most points per series for the request's tenant.
+    pub fn max_points(&self) -> i64 {
+        fathom_api::auth::request_limits()
+            .and_then(|l| l.max_query_points)
+            .unwrap_or(self.inner.cfg.max_points)
     }
 
     /// Blocks of `tenant` overlapping `[start, end]`.
@@ -261,11 +301,10 @@ impl Querier {
     }
 }
 
+/// A querier over no heads, `index` and an empty in-memory bucket, for
+/// unit tests.
 #[cfg(test)]
-mod index_tests {
-    use super::*;
-    use fathom_block::IndexError;
-
+pub(crate) fn test_querier(index: Arc<dyn BlockIndex>) -> Querier {
     struct NoHeads;
 
     #[async_trait::async_trait]
@@ -282,6 +321,22 @@ mod index_tests {
             Ok(Symbols::default())
         }
     }
+
+    Querier::new(
+        Config::default(),
+        Arc::new(NoHeads),
+        index,
+        Arc::new(object_store::memory::InMemory::new()),
+        executor::Executor::new(1).unwrap(),
+        &mut prometheus_client::registry::Registry::default(),
+    )
+    .unwrap()
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+    use fathom_block::IndexError;
 
     /// An index that cannot answer, like an unreachable metastore.
     struct Down;
@@ -302,17 +357,48 @@ mod index_tests {
         }
     }
 
+    /// The request's tenant's limits (set by the server's authentication
+    /// layer) override the flags; outside a request the flags apply.
+    #[tokio::test]
+    async fn tenant_query_limits_override_the_flags() {
+        let q = test_querier(Arc::new(Down));
+        let day = std::time::Duration::from_secs(86_400);
+        let limits = fathom_api::auth::TenantLimits {
+            max_query_range: Some(day),
+            max_query_points: Some(100),
+            query_memory: Some(1 << 20),
+            query_timeout: Some(std::time::Duration::from_secs(2)),
+            ..Default::default()
+        };
+        let (range, points, sql) = fathom_api::auth::with_request_limits(limits, async {
+            (q.max_range_nanos(), q.max_points(), q.sql_config())
+        })
+        .await;
+        assert_eq!(range, day.as_nanos() as i64);
+        assert_eq!(points, 100);
+        assert_eq!(sql.memory_limit, 1 << 20);
+        assert_eq!(sql.timeout, std::time::Duration::from_secs(2));
+        let d = Config::default();
+        assert_eq!(q.max_range_nanos(), d.max_range_nanos);
+        assert_eq!(q.max_points(), d.max_points);
+        assert_eq!(q.sql_config().memory_limit, d.sql.memory_limit);
+        // A too-long range is refused with the tenant's limit.
+        let refused = fathom_api::auth::with_request_limits(
+            fathom_api::auth::TenantLimits {
+                max_query_range: Some(day),
+                ..Default::default()
+            },
+            async {
+                crate::http::check_range(&q, 0, 2 * day.as_nanos() as i64, "start", "end").is_err()
+            },
+        )
+        .await;
+        assert!(refused);
+    }
+
     #[tokio::test]
     async fn an_unreachable_index_fails_queries_as_unavailable() {
-        let q = Querier::new(
-            Config::default(),
-            Arc::new(NoHeads),
-            Arc::new(Down),
-            Arc::new(object_store::memory::InMemory::new()),
-            executor::Executor::new(1).unwrap(),
-            &mut prometheus_client::registry::Registry::default(),
-        )
-        .unwrap();
+        let q = test_querier(Arc::new(Down));
         let t = TenantId::new("t1").unwrap();
         let err = q.series(&t, None, 0, 1000).await.unwrap_err();
         assert!(

@@ -24,7 +24,9 @@ use fathom_model::{Id, IngestBatch, Symbols, TenantId};
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 
-use crate::flight::{HeadMeta, HeadTicket};
+use fathom_api::ticket::HeadTicket;
+
+use crate::flight::HeadMeta;
 use crate::{HeadData, HeadSource, QueryError};
 
 /// [`HeadSource`] over the live ingesters' Flight services.
@@ -39,11 +41,12 @@ impl FlightHeads {
         ingesters: Arc<dyn Ingesters>,
         replication_factor: usize,
         timeout: Duration,
+        secret: fathom_api::secret::ClusterSecret,
     ) -> Self {
         FlightHeads {
             ingesters,
             replication_factor: replication_factor.max(1),
-            channels: Channels::new(timeout),
+            channels: Channels::new(timeout, secret),
         }
     }
 

@@ -17,25 +17,32 @@ use serde::Serialize;
 /// that folded text and Flight answers equal `go tool pprof -raw`; pprof
 /// output keeps the full names.
 pub fn folded<const N: usize>(cols: [(&[(Id, i64)], &Symbols); N]) -> Vec<(Vec<String>, [i64; N])> {
-    folded_by(cols, fathom_pprof::display_name)
+    folded_by(cols, fathom_pprof::display_name, false)
 }
 
-/// As [`folded`], with every frame under [`frame_name`] (never blank): for
-/// what people look at (top tables, flame graphs).
+/// As [`folded`], with every frame under [`frame_name`] (never blank) and
+/// address-only frames as binary + offset
+/// ([`fathom_model::Symbols::frames_display_by`]): for what people look at
+/// (top tables, flame graphs).
 pub fn folded_for_display<const N: usize>(
     cols: [(&[(Id, i64)], &Symbols); N],
 ) -> Vec<(Vec<String>, [i64; N])> {
-    folded_by(cols, frame_name)
+    folded_by(cols, frame_name, true)
 }
 
 fn folded_by<const N: usize>(
     cols: [(&[(Id, i64)], &Symbols); N],
     name: fn(&fathom_model::Function) -> String,
+    display: bool,
 ) -> Vec<(Vec<String>, [i64; N])> {
     let mut acc: BTreeMap<Vec<String>, [i64; N]> = BTreeMap::new();
     for (c, (samples, symbols)) in cols.iter().enumerate() {
         for (stack, v) in samples.iter() {
-            let frames = symbols.frames_by(stack, name);
+            let frames = if display {
+                symbols.frames_display_by(stack, name)
+            } else {
+                symbols.frames_by(stack, name)
+            };
             acc.entry(frames).or_insert([0; N])[c] += *v;
         }
     }

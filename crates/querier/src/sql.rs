@@ -978,8 +978,18 @@ fn check_read_only(sql: &str) -> Result<(), SqlError> {
 }
 
 impl Querier {
-    pub fn sql_config(&self) -> &SqlConfig {
-        &self.inner.cfg.sql
+    /// The SQL limits, with the request's tenant's overrides (tenants file).
+    pub fn sql_config(&self) -> SqlConfig {
+        let mut c = self.inner.cfg.sql.clone();
+        if let Some(l) = fathom_api::auth::request_limits() {
+            if let Some(m) = l.query_memory {
+                c.memory_limit = m;
+            }
+            if let Some(t) = l.query_timeout {
+                c.timeout = t;
+            }
+        }
+        c
     }
 
     /// A session whose catalog holds `tenant`'s tables and nothing else,
@@ -1090,7 +1100,7 @@ impl Querier {
         let types =
             q.df.logical_plan()
                 .get_parameter_types()
-                .map_err(|e| SqlError::from_datafusion(e, self.sql_config()))?;
+                .map_err(|e| SqlError::from_datafusion(e, &self.sql_config()))?;
         let mut names: Vec<(usize, String, Option<DataType>)> = types
             .into_iter()
             .filter_map(|(k, t)| {

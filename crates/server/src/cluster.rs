@@ -2,6 +2,7 @@
 //! distributors' ring and the queriers' head reads, the block index, and
 //! the compactor's jobs.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use fathom_api::cluster::{IngesterAddr, Ingesters};
@@ -9,24 +10,100 @@ use fathom_block::BlockMeta;
 use fathom_compactor::CompactionIndex;
 use fathom_metastore::{MetastoreClient, Role};
 
-/// Live ingesters from the metastore.
-pub struct MetastoreIngesters(pub MetastoreClient);
+/// The live ingesters as the metastore last listed them, refreshed in the
+/// background: a write or a head read takes the current view without a
+/// metastore call of its own.
+///
+/// A listing that fails, or that comes back empty while the view has
+/// members, leaves the view as it is: a metastore that is electing a
+/// leader or has just started must not empty a distributor's ring (every
+/// write would then be refused while the ingesters are up). An ingester
+/// that is really gone is dropped by the metastore after its heartbeat
+/// timeout and so from the next non-empty listing; until then a write to it
+/// fails and the other replicas make the quorum.
+pub struct RingView {
+    view: tokio::sync::watch::Receiver<View>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct View {
+    members: Arc<Vec<IngesterAddr>>,
+    /// Whether a listing ever succeeded; if not, why (for the error).
+    listed: bool,
+    error: Option<String>,
+}
+
+impl RingView {
+    /// Starts listing every `refresh`.
+    pub fn spawn(client: MetastoreClient, refresh: Duration) -> Arc<RingView> {
+        let (tx, view) = tokio::sync::watch::channel(View::default());
+        let task = tokio::spawn(async move {
+            loop {
+                let listed = client.members(Some(Role::Ingester)).await;
+                tx.send_modify(|v| apply(v, listed));
+                tokio::time::sleep(refresh).await;
+            }
+        });
+        Arc::new(RingView { view, task })
+    }
+
+    /// Waits until the view holds at least `n` ingesters.
+    pub async fn wait_for(&self, n: usize) {
+        let mut view = self.view.clone();
+        let _ = view.wait_for(|v| v.members.len() >= n).await;
+    }
+}
+
+/// Takes one listing into the view (see [`RingView`]).
+fn apply(
+    v: &mut View,
+    listed: Result<Vec<fathom_metastore::Member>, fathom_metastore::MetastoreError>,
+) {
+    match listed {
+        Ok(members) => {
+            let mut members: Vec<IngesterAddr> = members
+                .into_iter()
+                .map(|m| IngesterAddr {
+                    id: m.id,
+                    addr: m.addr,
+                })
+                .collect();
+            members.sort();
+            v.listed = true;
+            v.error = None;
+            if members.is_empty() && !v.members.is_empty() {
+                tracing::debug!("the metastore listed no live ingester; keeping the last view");
+            } else if *v.members != members {
+                tracing::info!(
+                    ingesters = members.len(),
+                    names = ?members.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+                    "ingester ring changed"
+                );
+                v.members = Arc::new(members);
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "listing the ingesters failed; keeping the last view");
+            v.error = Some(e.to_string());
+        }
+    }
+}
+
+impl Drop for RingView {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
 
 #[async_trait::async_trait]
-impl Ingesters for MetastoreIngesters {
+impl Ingesters for RingView {
     async fn ingesters(&self) -> Result<Vec<IngesterAddr>, String> {
-        let members = self
-            .0
-            .members(Some(Role::Ingester))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(members
-            .into_iter()
-            .map(|m| IngesterAddr {
-                id: m.id,
-                addr: m.addr,
-            })
-            .collect())
+        let v = self.view.borrow();
+        match (&v.error, v.listed) {
+            (Some(e), false) => Err(format!("no ingester list from the metastore yet: {e}")),
+            _ => Ok(v.members.as_ref().clone()),
+        }
     }
 }
 
@@ -71,5 +148,86 @@ impl CompactionIndex for MetastoreJobs {
             .release_lease(job, owner)
             .await
             .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fathom_metastore::{Member, MetastoreError};
+
+    fn listing(names: &[&str]) -> Result<Vec<Member>, MetastoreError> {
+        Ok(names
+            .iter()
+            .map(|n| Member::new(*n, Role::Ingester, format!("{n}:9095")))
+            .collect())
+    }
+
+    fn down() -> Result<Vec<Member>, MetastoreError> {
+        Err(MetastoreError::Rejected("no leader".into()))
+    }
+
+    fn ids(v: &View) -> Vec<&str> {
+        v.members.iter().map(|m| m.id.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn an_empty_or_failed_listing_keeps_the_view() {
+        let mut v = View::default();
+        apply(&mut v, down());
+        let (_tx, rx) = tokio::sync::watch::channel(v.clone());
+        let ring = RingView {
+            view: rx,
+            task: tokio::spawn(async {}),
+        };
+        let e = ring.ingesters().await.unwrap_err();
+        assert!(e.contains("no ingester list from the metastore yet"), "{e}");
+
+        apply(&mut v, listing(&["b", "a", "c"]));
+        assert_eq!(ids(&v), ["a", "b", "c"]);
+        apply(&mut v, listing(&[]));
+        assert_eq!(
+            ids(&v),
+            ["a", "b", "c"],
+            "an empty listing replaced the view"
+        );
+        apply(&mut v, down());
+        assert_eq!(
+            ids(&v),
+            ["a", "b", "c"],
+            "a failed listing replaced the view"
+        );
+        apply(&mut v, listing(&["a", "c"]));
+        assert_eq!(ids(&v), ["a", "c"], "a smaller listing is taken");
+
+        let (_tx, rx) = tokio::sync::watch::channel(v);
+        let ring = RingView {
+            view: rx,
+            task: tokio::spawn(async {}),
+        };
+        assert_eq!(ring.ingesters().await.unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_empty_first_listing_is_an_empty_ring() {
+        let mut v = View::default();
+        apply(&mut v, listing(&[]));
+        assert!(v.listed && v.members.is_empty());
+        let (tx, rx) = tokio::sync::watch::channel(v.clone());
+        let ring = RingView {
+            view: rx,
+            task: tokio::spawn(async {}),
+        };
+        assert!(ring.ingesters().await.unwrap().is_empty());
+        // wait_for returns once a quorum shows up.
+        let waiting = tokio::spawn(async move {
+            ring.wait_for(2).await;
+        });
+        apply(&mut v, listing(&["a", "b"]));
+        tx.send(v).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("wait_for saw the quorum")
+            .unwrap();
     }
 }

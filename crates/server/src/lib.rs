@@ -15,6 +15,10 @@
 //!               └──── block files through the foyer cache ───────────────┘
 //! ```
 //!
+//! With a tenants file, one layer ([`auth`]) in front of the roles' routes
+//! authenticates every request (HTTP, Connect, gRPC, Flight alike) and
+//! fixes its tenant; `/ready`, `/health` and `/metrics` stay outside it.
+//!
 //! Start-up: open the object store, start the metastore (an empty one is
 //! filled from one bucket listing: data directories from before the
 //! metastore), replay the WAL, bind, then report ready. Shutdown
@@ -23,10 +27,12 @@
 //! register them — the metastore listens on its own loopback port so that
 //! it outlives the public one — then stop the compactor and the metastore.
 
+pub mod auth;
 mod cluster;
 mod explain;
 mod roles;
 mod store;
+mod symbols;
 pub mod telemetry;
 
 use std::net::SocketAddr;
@@ -47,12 +53,14 @@ use fathom_model::{Id, IngestBatch, Symbols, TenantId};
 use fathom_querier::{CachedStore, Executor, HeadData, HeadSource, Querier, QueryError};
 use prometheus_client::registry::Registry;
 
-pub use cluster::{MetastoreIngesters, MetastoreJobs};
+pub use auth::Auth;
+pub use cluster::{MetastoreJobs, RingView};
 pub use roles::{
     DistributorConfig, IngesterConfig, QuerierRoleConfig, distributor_app, ingester_app,
     querier_app,
 };
 pub use store::{ObjectStoreConfig, StoreKind};
+pub use symbols::{SymbolsConfig, symbolize_compactions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -68,6 +76,8 @@ pub enum Error {
     Metastore(String),
     #[error("starting the querier: {0}")]
     Querier(#[from] QueryError),
+    #[error("tenants file {0}")]
+    Tenants(String),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -83,12 +93,78 @@ pub struct AllConfig {
     pub store: ObjectStoreConfig,
     pub flush_interval: Duration,
     pub max_head_bytes: usize,
+    /// Writes are refused (retryable 503) while the heads hold this much.
+    pub max_head_memory: usize,
     pub shutdown_flush_timeout: Duration,
     pub limits: Limits,
+    /// Write requests worked on at once.
+    pub inflight: InflightConfig,
     pub querier: fathom_querier::Config,
     pub query_threads: usize,
     pub compaction: fathom_compactor::Config,
     pub cache: fathom_querier::CacheConfig,
+    pub symbols: SymbolsConfig,
+    pub tenants: TenantsFileConfig,
+}
+
+/// The tenants file (credentials and per-tenant limits), if any.
+#[derive(Clone, Debug, Default)]
+pub struct TenantsFileConfig {
+    /// `None`: authentication off, every client may use every tenant.
+    pub path: Option<PathBuf>,
+    /// How often the file is checked for changes.
+    pub reload_interval: Duration,
+}
+
+impl TenantsFileConfig {
+    /// Loads the file (and starts reloading it), or says at start that
+    /// authentication is off.
+    pub fn load(&self, registry: &mut Registry) -> Result<Option<Auth>, Error> {
+        match &self.path {
+            Some(p) => {
+                let a = Auth::load(p, self.reload_interval, registry)?;
+                tracing::info!(
+                    "authentication on: every API but /ready, /health and /metrics needs a \
+                     credential of the tenants file"
+                );
+                Ok(Some(a))
+            }
+            None => {
+                tracing::warn!(
+                    "authentication off (no --tenants-file): every client may read and write \
+                     every tenant; fine on a laptop or behind a trusted proxy"
+                );
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// `c`, with the tenants file's retention (if any) consulted first.
+pub fn compaction_config(
+    c: &fathom_compactor::Config,
+    tenants: Option<&fathom_api::auth::Tenants>,
+) -> fathom_compactor::Config {
+    let mut c = c.clone();
+    if let Some(t) = tenants {
+        let t = t.clone();
+        c.retention_overrides = Some(fathom_compactor::RetentionOverrides(Arc::new(
+            move |name: &str| {
+                TenantId::new(name)
+                    .ok()
+                    .and_then(|id| t.limits(&id).retention)
+            },
+        )));
+    }
+    c
+}
+
+/// `app` behind `auth`, if any.
+pub fn authenticated(app: axum::Router, auth: Option<&Auth>) -> axum::Router {
+    match auth {
+        Some(a) => a.layer(app),
+        None => app,
+    }
 }
 
 /// The in-process ingester as the distributor's write target.
@@ -97,11 +173,13 @@ struct LocalWriter(Arc<Ingester>);
 #[async_trait::async_trait]
 impl IngesterWriter for LocalWriter {
     async fn write(&self, batch: IngestBatch) -> Result<(), WriteError> {
-        self.0
-            .write(&batch)
-            .await
-            .map(|_| ())
-            .map_err(|e| WriteError::Unavailable(format!("ingester: {e}")))
+        self.0.write(&batch).await.map(|_| ()).map_err(|e| match e {
+            fathom_ingester::Error::SeriesLimit { .. } => WriteError::Limit {
+                limit: "max_series",
+                message: e.to_string(),
+            },
+            e => WriteError::Unavailable(format!("ingester: {e}")),
+        })
     }
 }
 
@@ -171,10 +249,16 @@ pub async fn run_all(
 ) -> Result<(), Error> {
     let store = cfg.store.build(&cfg.data_dir)?;
     let mut registry = Registry::default();
+    let auth = cfg.tenants.load(&mut registry)?;
+    let tenants = auth.as_ref().map(Auth::tenants);
     // The metastore listens on its own loopback port so that it outlives
     // the public one: the shutdown flush still registers its blocks.
+    // Only this process calls it: a random secret keeps other local users
+    // out of it.
+    let secret = fathom_api::secret::ClusterSecret::random();
     let meta = MetastoreNode::start(MetastoreConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        secret: secret.clone(),
         data_dir: cfg.data_dir.join("metastore"),
         election_timeout: (Duration::from_millis(150), Duration::from_millis(300)),
         raft_heartbeat_interval: Duration::from_millis(50),
@@ -183,8 +267,14 @@ pub async fn run_all(
     .await
     .map_err(|e| Error::Metastore(e.to_string()))?;
     meta.register_metrics(&mut registry);
-    let client =
-        MetastoreClient::new([meta.addr()]).map_err(|e| Error::Metastore(e.to_string()))?;
+    let client = MetastoreClient::with_options(
+        [meta.addr()],
+        fathom_metastore::ClientOptions {
+            secret,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| Error::Metastore(e.to_string()))?;
     let imported = import_blocks(&client, store.as_ref()).await?;
     tracing::info!(
         imported,
@@ -199,11 +289,15 @@ pub async fn run_all(
             name: format!("all@{}", cfg.listen),
             flush_interval: cfg.flush_interval,
             max_head_bytes: cfg.max_head_bytes,
+            max_head_memory: cfg.max_head_memory,
         },
         store.clone(),
         index.clone(),
         &mut registry,
     )?;
+    if let Some(t) = tenants.clone() {
+        ingester.set_series_limit(Arc::new(move |id| t.limits(id).max_series));
+    }
     let exec = Executor::new(cfg.query_threads).map_err(|source| Error::Io {
         what: "starting the query runtime".into(),
         source,
@@ -216,40 +310,63 @@ pub async fn run_all(
         exec,
         &mut registry,
     )?;
+    let inflight =
+        fathom_distributor::Inflight::new(&cfg.inflight, cfg.limits.max_body_bytes, &mut registry);
     let distributor = Distributor::new(
         cfg.limits.clone(),
         Arc::new(LocalWriter(ingester.clone())),
         &mut registry,
-    );
+    )
+    .with_tenants(tenants.clone());
     let compactor = fathom_compactor::Compactor::new(
-        cfg.compaction.clone(),
+        compaction_config(&cfg.compaction, tenants.as_ref()),
         store.clone(),
         Arc::new(MetastoreJobs(client)),
         &mut registry,
     );
+    let symbols = symbols::app(
+        &cfg.symbols,
+        store.clone(),
+        &cfg.data_dir,
+        &querier,
+        Some(&compactor),
+        &mut registry,
+    );
     let (stop_compactor, stop_rx) = tokio::sync::watch::channel(false);
     let compacting = tokio::spawn(compactor.run(stop_rx));
-    let grpc = tonic::service::Routes::new(PushServer::new(distributor.clone()))
-        .add_service(OtlpProfilesServer::new(distributor.clone()))
+    // The write routes behind the in-flight bound; Flight (added after
+    // the layer) is not.
+    let mut routes = tonic::service::Routes::new(PushServer::new(distributor.clone()))
+        .add_service(OtlpProfilesServer::new(distributor.clone()));
+    let writes =
+        std::mem::take(routes.axum_router_mut()).merge(fathom_distributor::router(distributor));
+    *routes.axum_router_mut() = inflight.layer(writes);
+    let grpc = routes
         .add_service(fathom_querier::flight_service(Some(querier.clone()), None))
         .into_axum_router();
     let app = axum::Router::new()
-        .merge(fathom_distributor::router(distributor))
+        .merge(grpc)
         .merge(fathom_querier::router(querier))
-        .merge(fathom_ui::router())
-        .merge(grpc);
+        .merge(symbols)
+        .merge(fathom_ui::router());
+    let app = authenticated(app, auth.as_ref());
     let about = format!(
-        "open it in a browser for the UI; data in {} (blocks in {}); authentication off: \
-         every client may read and write every tenant (for a laptop, or behind a trusted proxy)",
+        "open it in a browser for the UI; data in {} (blocks in {}); {}",
         cfg.data_dir.display(),
-        cfg.store.describe(&cfg.data_dir)
+        cfg.store.describe(&cfg.data_dir),
+        if auth.is_some() {
+            "authentication on: clients need a credential of the tenants file"
+        } else {
+            "authentication off: every client may read and write every tenant \
+             (for a laptop, or behind a trusted proxy)"
+        }
     );
     let served = serve(
         cfg.listen,
         registry,
         app,
-        Some(ingester),
-        cfg.shutdown_flush_timeout,
+        Some((ingester, cfg.shutdown_flush_timeout)),
+        None,
         &about,
         shutdown,
     )
@@ -278,7 +395,7 @@ async fn import_blocks(
     store: &dyn object_store::ObjectStore,
 ) -> Result<usize, Error> {
     let m = |e: fathom_metastore::MetastoreError| Error::Metastore(e.to_string());
-    if !client.all_blocks().await.map_err(m)?.is_empty()
+    if !client.tenants().await.map_err(m)?.is_empty()
         || !client.pending_deletions().await.map_err(m)?.is_empty()
     {
         return Ok(0);
@@ -296,17 +413,27 @@ async fn import_blocks(
     Ok(blocks.len())
 }
 
+/// What a process waits for, once bound, before it reports ready (for
+/// example its registration in the metastore, or a quorum of ingesters in
+/// a distributor's ring).
+pub struct ReadyGate {
+    /// For the log: "not ready until {what}".
+    pub what: String,
+    pub until: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
 /// One process's port: the roles' routes plus `/ready`, `/health`,
-/// `/metrics`; ready once bound (and, with an ingester, its WAL replayed);
-/// on shutdown, drains requests and flushes the ingester's heads. The ready
+/// `/metrics`; ready once bound (and, with an ingester, its WAL replayed)
+/// and `ready_when` has completed; on shutdown, drains requests and
+/// flushes the ingester's heads (within the duration given with it). The ready
 /// line gives the URL to open and `about` (what a person needs to know next:
 /// where the data is, whether clients must authenticate).
 pub async fn serve(
     listen: SocketAddr,
     registry: Registry,
     app: axum::Router,
-    ingester: Option<Arc<Ingester>>,
-    shutdown_flush_timeout: Duration,
+    ingester: Option<(Arc<Ingester>, Duration)>,
+    ready_when: Option<ReadyGate>,
     about: &str,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
@@ -341,13 +468,27 @@ pub async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let flusher = ingester
         .clone()
-        .map(|i| tokio::spawn(i.run_flush_loop(stop_rx)));
-    shared.ready.store(true, Ordering::Release);
-    tracing::info!(
-        listen = %local,
+        .map(|(i, _)| tokio::spawn(i.run_flush_loop(stop_rx)));
+    let announce = format!(
         "fathom is ready at {} (HTTP, gRPC and Flight SQL on this port); {about}",
         http_url(local)
     );
+    let gate = match ready_when {
+        None => {
+            shared.ready.store(true, Ordering::Release);
+            tracing::info!(listen = %local, "{announce}");
+            None
+        }
+        Some(gate) => {
+            tracing::info!(listen = %local, "listening; not ready until {}", gate.what);
+            let shared = shared.clone();
+            Some(tokio::spawn(async move {
+                gate.until.await;
+                shared.ready.store(true, Ordering::Release);
+                tracing::info!(listen = %local, "{announce}");
+            }))
+        }
+    };
     axum::serve(explain::Listener(listener), app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -355,12 +496,15 @@ pub async fn serve(
             what: "serving".into(),
             source,
         })?;
+    if let Some(g) = gate {
+        g.abort();
+    }
     shared.ready.store(false, Ordering::Release);
     let _ = stop_tx.send(true);
     if let Some(f) = flusher {
         let _ = f.await;
     }
-    if let Some(ingester) = ingester {
+    if let Some((ingester, shutdown_flush_timeout)) = ingester {
         tracing::info!("flushing heads before exit");
         let deadline = std::time::Instant::now() + shutdown_flush_timeout;
         match ingester.flush(Some(deadline)).await {
@@ -373,5 +517,5 @@ pub async fn serve(
     Ok(())
 }
 
-pub use fathom_distributor::Limits;
+pub use fathom_distributor::{InflightConfig, Limits};
 pub use fathom_querier::{CacheConfig, Config as QuerierConfig, SqlConfig};

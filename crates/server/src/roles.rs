@@ -9,6 +9,9 @@
 //! - querier: the HTTP query API, Arrow Flight and Flight SQL, reading
 //!   recent data from the ingesters with [`FlightHeads`].
 //!
+//! The ingester's routes are internal: they answer only calls that carry
+//! the cluster secret (see [`fathom_api::secret`]).
+//!
 //! Membership (which ingesters are live) and the block index come in as
 //! traits: the metastore in a cluster, fixed values in tests.
 
@@ -17,15 +20,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fathom_api::cluster::Ingesters;
+use fathom_api::secret::{ClusterSecret, require_cluster_secret};
 use fathom_block::BlockIndex;
 use fathom_distributor::ring::{GrpcReplicas, ReplicatedWriter};
-use fathom_distributor::{Distributor, Limits, OtlpProfilesServer, PushServer};
+use fathom_distributor::{
+    Distributor, Inflight, InflightConfig, Limits, OtlpProfilesServer, PushServer,
+};
 use fathom_ingester::Ingester;
 use fathom_querier::{Executor, FlightHeads, Querier};
 use object_store::ObjectStore;
 use prometheus_client::registry::Registry;
 
-use crate::{Error, LocalHead};
+use crate::{Error, LocalHead, TenantsFileConfig, authenticated};
 
 /// An ingester process.
 #[derive(Clone, Debug)]
@@ -35,6 +41,13 @@ pub struct IngesterConfig {
     pub data_dir: PathBuf,
     pub flush_interval: Duration,
     pub max_head_bytes: usize,
+    /// Writes are refused (retryable) while the heads hold this much.
+    pub max_head_memory: usize,
+    /// Every route (writes, head reads) requires this secret.
+    pub secret: ClusterSecret,
+    /// Used here only for the per-tenant `max_series` (authentication is
+    /// the distributors' and queriers' job); none: no series limit.
+    pub tenants: TenantsFileConfig,
 }
 
 /// The ingester's routes and the ingester (for [`crate::serve`] to flush
@@ -51,17 +64,27 @@ pub fn ingester_app(
             name: cfg.name.clone(),
             flush_interval: cfg.flush_interval,
             max_head_bytes: cfg.max_head_bytes,
+            max_head_memory: cfg.max_head_memory,
         },
         store,
         index,
         registry,
     )?;
+    if let Some(path) = &cfg.tenants.path {
+        let t = crate::Auth::load(path, cfg.tenants.reload_interval, registry)?.tenants();
+        tracing::info!("the tenants file sets the per-tenant max_series of this ingester's head");
+        ingester.set_series_limit(Arc::new(move |id| t.limits(id).max_series));
+    }
     let routes = tonic::service::Routes::new(fathom_ingester::write_service(ingester.clone()))
         .add_service(fathom_querier::flight_service(
             None,
             Some(Arc::new(LocalHead(ingester.clone()))),
         ))
-        .into_axum_router();
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(
+            cfg.secret.clone(),
+            require_cluster_secret,
+        ));
     Ok((routes, ingester))
 }
 
@@ -72,26 +95,42 @@ pub struct DistributorConfig {
     pub replication_factor: usize,
     /// Time an ingester has to acknowledge a write.
     pub write_timeout: Duration,
+    /// Credentials and per-tenant limits (none: authentication off).
+    pub tenants: TenantsFileConfig,
+    /// Sent with every write to an ingester.
+    pub secret: ClusterSecret,
+    /// Write requests worked on at once.
+    pub inflight: InflightConfig,
 }
 
+/// The distributor's routes, behind authentication when a tenants file is
+/// set (the distributor is an external edge).
 pub fn distributor_app(
     cfg: &DistributorConfig,
     ingesters: Arc<dyn Ingesters>,
     registry: &mut Registry,
-) -> axum::Router {
+) -> Result<axum::Router, Error> {
+    let auth = cfg.tenants.load(registry)?;
     let writer = ReplicatedWriter::new(
         ingesters,
-        Arc::new(GrpcReplicas::new(cfg.write_timeout)),
+        Arc::new(GrpcReplicas::new(cfg.write_timeout, cfg.secret.clone())),
         cfg.replication_factor,
         registry,
     );
-    let d = Distributor::new(cfg.limits.clone(), Arc::new(writer), registry);
+    let inflight = Inflight::new(&cfg.inflight, cfg.limits.max_body_bytes, registry);
+    let d = Distributor::new(cfg.limits.clone(), Arc::new(writer), registry)
+        .with_tenants(auth.as_ref().map(crate::Auth::tenants));
     let grpc = tonic::service::Routes::new(PushServer::new(d.clone()))
         .add_service(OtlpProfilesServer::new(d.clone()))
         .into_axum_router();
-    axum::Router::new()
-        .merge(fathom_distributor::router(d))
-        .merge(grpc)
+    // Authentication outside: a request without a credential takes no
+    // share of the in-flight budget.
+    let app = inflight.layer(
+        axum::Router::new()
+            .merge(fathom_distributor::router(d))
+            .merge(grpc),
+    );
+    Ok(authenticated(app, auth.as_ref()))
 }
 
 /// A querier process.
@@ -104,6 +143,13 @@ pub struct QuerierRoleConfig {
     pub head_timeout: Duration,
     /// The block file cache.
     pub cache: fathom_querier::CacheConfig,
+    /// Credentials and per-tenant query limits (none: authentication off).
+    pub tenants: TenantsFileConfig,
+    /// Sent with every head read to an ingester.
+    pub secret: ClusterSecret,
+    /// Server-side symbolization (local copies of debug info under the
+    /// cache directory).
+    pub symbols: crate::SymbolsConfig,
 }
 
 pub async fn querier_app(
@@ -113,11 +159,18 @@ pub async fn querier_app(
     store: Arc<dyn ObjectStore>,
     registry: &mut Registry,
 ) -> Result<axum::Router, Error> {
+    let auth = cfg.tenants.load(registry)?;
     let exec = Executor::new(cfg.query_threads).map_err(|source| Error::Io {
         what: "starting the query runtime".into(),
         source,
     })?;
-    let heads = FlightHeads::new(ingesters, cfg.replication_factor, cfg.head_timeout);
+    let heads = FlightHeads::new(
+        ingesters,
+        cfg.replication_factor,
+        cfg.head_timeout,
+        cfg.secret.clone(),
+    );
+    let debuginfo_store = store.clone();
     let store = fathom_querier::CachedStore::wrap(store, &cfg.cache, registry).await?;
     let q = Querier::new(
         cfg.querier.clone(),
@@ -129,8 +182,18 @@ pub async fn querier_app(
     )?;
     let grpc = tonic::service::Routes::new(fathom_querier::flight_service(Some(q.clone()), None))
         .into_axum_router();
-    Ok(axum::Router::new()
+    let symbols = crate::symbols::app(
+        &cfg.symbols,
+        debuginfo_store,
+        &cfg.cache.dir,
+        &q,
+        None,
+        registry,
+    );
+    let app = axum::Router::new()
+        .merge(symbols)
         .merge(fathom_querier::router(q))
         .merge(fathom_ui::router())
-        .merge(grpc))
+        .merge(grpc);
+    Ok(authenticated(app, auth.as_ref()))
 }

@@ -27,6 +27,12 @@ fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/pprof")
 }
 
+/// The cluster secret of every role here (the ingesters refuse calls
+/// without it).
+fn secret() -> fathom_api::secret::ClusterSecret {
+    fathom_api::secret::ClusterSecret::new("in-process-cluster-secret").unwrap()
+}
+
 fn free_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
@@ -65,8 +71,8 @@ async fn spawn(
             addr,
             registry,
             app,
-            ingester,
-            Duration::from_secs(60),
+            ingester.map(|i| (i, Duration::from_secs(60))),
+            None,
             "a test process",
             async {
                 let _ = rx.await;
@@ -111,6 +117,9 @@ impl Cluster {
                 data_dir: self.dir.path().join(&self.ring[i].id),
                 flush_interval: Duration::from_secs(3600),
                 max_head_bytes: 1 << 30,
+                max_head_memory: 1 << 30,
+                secret: secret(),
+                tenants: Default::default(),
             },
             self.store.clone(),
             self.index.clone(),
@@ -121,6 +130,11 @@ impl Cluster {
     }
 
     async fn start() -> Cluster {
+        Self::start_with(Default::default()).await
+    }
+
+    /// The cluster, its distributor and querier with `tenants`.
+    async fn start_with(tenants: fathom_server::TenantsFileConfig) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let store = ObjectStoreConfig::filesystem().build(dir.path()).unwrap();
         let index: Arc<dyn BlockIndex> = Arc::new(MemoryIndex::new(vec![]));
@@ -137,10 +151,14 @@ impl Cluster {
                 limits: Default::default(),
                 replication_factor: 3,
                 write_timeout: Duration::from_secs(60),
+                tenants: tenants.clone(),
+                secret: secret(),
+                inflight: Default::default(),
             },
             members.clone(),
             &mut reg,
-        );
+        )
+        .unwrap();
         let distributor = spawn(free_addr(), reg, app, None).await;
         let mut reg = Registry::default();
         let app = querier_app(
@@ -153,6 +171,9 @@ impl Cluster {
                     dir: dir.path().join("querier-cache"),
                     ..Default::default()
                 },
+                tenants,
+                secret: secret(),
+                symbols: Default::default(),
             },
             members,
             index.clone(),
@@ -314,5 +335,77 @@ async fn replicated_writes_are_counted_once_wherever_they_sit() {
     assert_eq!(c.folded("svc3").await.unwrap(), small, "from blocks alone");
     for p in c.ingesters.iter_mut().filter_map(Option::take) {
         p.stop().await;
+    }
+}
+
+/// The distributor and querier roles are external edges: with a tenants
+/// file they refuse requests without a credential (401), with one of the
+/// wrong scope (403), and serve the credential's tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributor_and_querier_roles_require_a_credential() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "credentials:\n  - {{ name: w, token: '{}', scopes: [write], tenants: [team-a] }}\n  \
+             - {{ name: r, token: '{}', scopes: [read], tenants: [team-a] }}\n",
+            fathom_server::auth::hash_sha256("write-token"),
+            fathom_server::auth::hash_sha256("read-token"),
+        ),
+    )
+    .unwrap();
+    let c = Cluster::start_with(fathom_server::TenantsFileConfig {
+        path: Some(file),
+        reload_interval: Duration::from_secs(5),
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let push = |token: Option<&str>| {
+        let mut rb = http
+            .post(format!("http://{}/ingest", c.distributor.addr))
+            .query(&[("name", "svc"), ("format", "pprof"), ("from", &now)])
+            .body(std::fs::read(testdata().join(SMALL)).unwrap());
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        rb.send()
+    };
+    assert_eq!(push(None).await.unwrap().status().as_u16(), 401);
+    assert_eq!(
+        push(Some("read-token")).await.unwrap().status().as_u16(),
+        403
+    );
+    let r = push(Some("write-token")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let series = |token: Option<&str>| {
+        let mut rb = http
+            .get(format!("http://{}/api/v1/series", c.querier.addr))
+            .query(&[("start", "now-1h")]);
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        rb.send()
+    };
+    assert_eq!(series(None).await.unwrap().status().as_u16(), 401);
+    assert_eq!(
+        series(Some("write-token")).await.unwrap().status().as_u16(),
+        403
+    );
+    let r = series(Some("read-token")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("\"svc\""),
+        "team-a's data from the ingesters: {body}"
+    );
+    for p in [c.distributor.addr, c.querier.addr] {
+        let r = http.get(format!("http://{p}/ready")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "/ready stays open");
     }
 }

@@ -29,7 +29,10 @@ export async function fetchOk(path, params) {
   const url = apiUrl(path, params);
   let r;
   try {
-    r = await fetch(url, { headers: headers() });
+    // Against the origin, never the page's URL: a page opened as
+    // http://user:password@host/ (a Basic login) may not fetch relative
+    // URLs; the browser sends its stored credential to the origin.
+    r = await fetch(new URL(url, location.origin), { headers: headers() });
   } catch (e) {
     throw new Error(`cannot reach the server (${e.message})`);
   }

@@ -1,7 +1,5 @@
 //! Blocks are plain Parquet that a user can open with pyarrow.
 
-use std::process::Command;
-
 use fathom_integration::{Fathom, corpus};
 
 const SCRIPT: &str = r#"
@@ -26,15 +24,7 @@ print(json.dumps({
 
 #[test]
 fn flushed_blocks_open_with_pyarrow() {
-    let check = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "pyarrow is required (pip install pyarrow): {}",
-        String::from_utf8_lossy(&check.stderr)
-    );
+    fathom_integration::require_python("pyarrow", "pyarrow");
     let dir = tempfile::tempdir().unwrap();
     let mut f = Fathom::start(dir.path(), &[]).unwrap();
     let file = corpus()

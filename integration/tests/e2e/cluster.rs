@@ -188,6 +188,55 @@ fn cluster_kill_one_ingester_under_load() {
     check(&c, &report);
 }
 
+/// `clients` load generators at once, each on its own stretch of time
+/// (so that their writes never collide), every one sending as fast as it is
+/// acknowledged; returns their reports.
+fn load_clients(c: &Cluster, clients: usize, duration: Duration) -> Vec<LoadReport> {
+    let handles: Vec<_> = (0..clients)
+        .map(|i| {
+            let mut opts = load_options(c, duration);
+            opts.rate = 1000.0;
+            opts.base_time_s = BASE_S + i as i64 * 30 * 86_400;
+            opts.retry_for = Duration::from_secs(30);
+            std::thread::spawn(move || {
+                loadgen::run(&opts, Arc::new(AtomicBool::new(false))).unwrap()
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Refusals (retried attempts) and acknowledged writes over `reports`.
+fn refusals(reports: &[LoadReport]) -> (usize, usize) {
+    let refused = reports.iter().map(|r| r.retries + r.failed.len()).sum();
+    let acked = reports.iter().map(|r| r.acked.len()).sum();
+    (refused, acked)
+}
+
+/// Started as docs/operations.md starts it and loaded by 8 clients as
+/// soon as every process reports ready: no write is refused while a quorum
+/// of ingesters is alive, neither at start (a distributor is ready only
+/// once it knows a quorum) nor after one ingester is killed.
+#[test]
+fn cluster_refuses_no_write_once_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ClusterOptions {
+        wait_ring: false,
+        ..Default::default()
+    };
+    let mut c = Cluster::start(dir.path(), &opts).unwrap();
+    let (refused, acked) = refusals(&load_clients(&c, 8, Duration::from_secs(4)));
+    println!("at start: {acked} writes acknowledged, {refused} refused");
+    assert!(acked >= 40, "the load ran: {acked} writes");
+    assert_eq!(refused, 0, "writes refused right after ready");
+
+    c.ingesters[0].kill();
+    let (refused, acked) = refusals(&load_clients(&c, 8, Duration::from_secs(4)));
+    println!("one ingester killed: {acked} writes acknowledged, {refused} refused");
+    assert!(acked >= 40, "the load ran: {acked} writes");
+    assert_eq!(refused, 0, "writes refused with 2 of 3 ingesters alive");
+}
+
 #[test]
 fn cluster_kill_all_ingesters_and_replay() {
     let dir = tempfile::tempdir().unwrap();

@@ -38,14 +38,9 @@ fn ingest(f: &Fathom, tenant: &str, file: &str, service: &str, at_s: i64) {
 }
 
 fn require_python_clients() {
-    let check = Command::new("python3")
-        .args(["-c", "import adbc_driver_flightsql.dbapi, pyarrow.flight"])
-        .output()
-        .expect("python3 is required");
-    assert!(
-        check.status.success(),
-        "the adbc-driver-flightsql and pyarrow Python packages are required (scripts/test-all.sh installs them): {}",
-        String::from_utf8_lossy(&check.stderr)
+    fathom_integration::require_python(
+        "adbc_driver_flightsql.dbapi, pyarrow.flight",
+        "the adbc-driver-flightsql and pyarrow Python packages",
     );
 }
 

@@ -3,9 +3,12 @@
 
 #[path = "../../agent/e2e_agent.rs"]
 mod agent;
+mod auth;
 mod bad_input;
 mod blocks;
+mod bounded;
 mod cluster;
+mod cluster_secret;
 mod corpus;
 mod deploy;
 mod docs_examples;
@@ -17,5 +20,6 @@ mod push_v1;
 mod pyroscope_client;
 mod speedscope;
 mod startup;
+mod symbols;
 mod tracing;
 mod ui;

@@ -292,62 +292,11 @@ fn grpc_export_as(
     body: Vec<u8>,
     gzip: bool,
 ) -> Result<(), tonic::Status> {
-    use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-    #[derive(Clone, Copy, Default)]
-    struct Raw;
-    impl Codec for Raw {
-        type Encode = Vec<u8>;
-        type Decode = ();
-        type Encoder = Raw;
-        type Decoder = Raw;
-        fn encoder(&mut self) -> Raw {
-            Raw
-        }
-        fn decoder(&mut self) -> Raw {
-            Raw
-        }
-    }
-    impl Encoder for Raw {
-        type Item = Vec<u8>;
-        type Error = tonic::Status;
-        fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-            use bytes::BufMut;
-            dst.put_slice(&item);
-            Ok(())
-        }
-    }
-    impl Decoder for Raw {
-        type Item = ();
-        type Error = tonic::Status;
-        fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
-            use bytes::Buf;
-            src.advance(src.remaining());
-            Ok(Some(()))
-        }
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let ch = tonic::transport::Endpoint::from_shared(url.to_owned())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut g = tonic::client::Grpc::new(ch);
-        if gzip {
-            g = g.send_compressed(tonic::codec::CompressionEncoding::Gzip);
-        }
-        g.ready().await.unwrap();
-        let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT);
-        let mut req = tonic::Request::new(body);
-        if let Some(t) = tenant {
-            req.metadata_mut()
-                .insert("x-scope-orgid", t.parse().unwrap());
-        }
-        g.unary(req, path, Raw).await.map(|_| ())
-    })
+    let metadata: Vec<(&'static str, String)> = tenant
+        .map(|t| ("x-scope-orgid", t.to_owned()))
+        .into_iter()
+        .collect();
+    fathom_integration::grpc_raw(url, EXPORT, &metadata, body, gzip)
 }
 
 /// v1.7-layout request bytes: several sample types and a

@@ -199,7 +199,7 @@ fn series_count(f: &Fathom, tenant: &str) -> usize {
 /// A venv under the target directory with PyPI's `pyroscope-io` 1.4.x
 /// (the suite's system Python keeps 0.8.16 for the legacy-SDK test).
 /// Created on first use; scripts/test-all.sh creates it too.
-fn pyroscope_io_venv() -> PathBuf {
+pub(crate) fn pyroscope_io_venv() -> PathBuf {
     let dir = target_dir().join("pyroscope-io-1.4");
     let python = dir.join("bin/python");
     let ok = |python: &Path| {

@@ -33,15 +33,7 @@ pyroscope.shutdown()
 
 #[test]
 fn pyroscope_python_client_functions_show_up() {
-    let check = Command::new("python3")
-        .args(["-c", "import pyroscope"])
-        .output()
-        .expect("python3 is required");
-    assert!(
-        check.status.success(),
-        "the pyroscope-io Python package is required (pip install pyroscope-io==0.8.16): {}",
-        String::from_utf8_lossy(&check.stderr)
-    );
+    fathom_integration::require_python("pyroscope", "the pyroscope-io Python package");
     let dir = tempfile::tempdir().unwrap();
     let f = Fathom::start(dir.path(), &[]).unwrap();
     let script = dir.path().join("app.py");

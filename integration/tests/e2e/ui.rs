@@ -40,15 +40,7 @@ fn require_browser() {
             "{bin} is required for the UI test (Debian: apt-get install chromium chromium-driver; scripts/test-all.sh installs it)"
         );
     }
-    let check = Command::new("python3")
-        .args(["-c", "import selenium"])
-        .output()
-        .expect("python3 is required");
-    assert!(
-        check.status.success(),
-        "the selenium Python package is required (pip install selenium; scripts/test-all.sh installs it): {}",
-        String::from_utf8_lossy(&check.stderr)
-    );
+    fathom_integration::require_python("selenium", "the selenium Python package");
 }
 
 /// The target directory the screenshots go under.

@@ -20,6 +20,16 @@ struct task_struct {
 	char comm[16];
 } __attribute__((preserve_access_index));
 
+/* The registers a task saved on kernel entry (arch/x86/include/asm/ptrace.h);
+ * the `___fathom` suffix keeps it apart from the UAPI struct pt_regs, CO-RE
+ * ignores it when matching. */
+struct pt_regs___fathom {
+	unsigned long bp;
+	unsigned long orig_ax;
+	unsigned long ip;
+	unsigned long sp;
+} __attribute__((preserve_access_index));
+
 /* include/linux/sched.h */
 #define PF_KTHREAD 0x00200000
 

@@ -596,11 +596,11 @@ fn step_nanos(q: &Querier, step_secs: f64, r: &Range) -> Result<i64, ApiError> {
             "step {step_secs} must be a positive number of seconds"
         )));
     };
-    if span / step > q.config().max_points {
+    if span / step > q.max_points() {
         return Err(ApiError::bad_request(format!(
             "step is too small: {} points per series; the limit is {}",
             span / step,
-            q.config().max_points
+            q.max_points()
         )));
     }
     Ok(step)

@@ -32,6 +32,8 @@ use crate::cluster::{BASE_S, FILES, check_acked, folded_between};
 
 const KEY_ID: &str = "GK8b72ae0651d0d51e12c222f4";
 const SECRET: &str = "c9e4e82058d491c29be90808c7b77c0a5301f20a051817b18c628fed998b307b";
+/// Every container's cluster secret (internal calls carry it).
+const CLUSTER_SECRET: &str = "containers-e2e-cluster-secret";
 
 /// One fathom container with its port published on loopback.
 struct Node {
@@ -110,6 +112,7 @@ fn fathom(network: &str, name: &str, port: u16, cmd: Vec<String>, s3: bool) -> N
         .with_container_name(name)
         .with_mapped_port(port, ContainerPort::Tcp(port_inside(&cmd)))
         .with_env_var("RUST_LOG", "info")
+        .with_env_var("FATHOM_CLUSTER_SECRET", CLUSTER_SECRET)
         .with_cmd(cmd);
     if s3 {
         for (k, v) in [
@@ -258,7 +261,11 @@ impl TcCluster {
             .unwrap();
         let addr = format!("127.0.0.1:{}", leader.port);
         rt.block_on(async move {
-            let c = fathom_metastore::MetastoreClient::new(vec![addr]).ok()?;
+            let opts = fathom_metastore::ClientOptions {
+                secret: fathom_api::secret::ClusterSecret::new(CLUSTER_SECRET).ok()?,
+                ..Default::default()
+            };
+            let c = fathom_metastore::MetastoreClient::with_options(vec![addr], opts).ok()?;
             let m = tokio::time::timeout(
                 Duration::from_secs(5),
                 c.members(Some(fathom_metastore::Role::Ingester)),
