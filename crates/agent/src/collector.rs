@@ -38,8 +38,10 @@ use crate::unwind::{MappedFile, Rejected, Unwinder};
 
 /// Minimum time between two re-reads of one process's maps on a miss; it
 /// doubles, up to `MAPS_REFRESH_MAX`, while re-reads find nothing new (a
-/// process without frame pointers misses all the time).
-const MAPS_REFRESH: Duration = Duration::from_secs(1);
+/// process without frame pointers misses all the time). Short, because a
+/// process first seen while the dynamic loader runs has no libc yet: until
+/// the re-read, its libc frames are unknown and have no unwind table.
+const MAPS_REFRESH: Duration = Duration::from_millis(100);
 const MAPS_REFRESH_MAX: Duration = Duration::from_secs(60);
 /// Minimum time between two reads of one process's perf map.
 const PERF_MAP_REFRESH: Duration = Duration::from_secs(5);
