@@ -45,6 +45,12 @@ const MAPS_REFRESH: Duration = Duration::from_millis(100);
 const MAPS_REFRESH_MAX: Duration = Duration::from_secs(60);
 /// Minimum time between two reads of one process's perf map.
 const PERF_MAP_REFRESH: Duration = Duration::from_secs(5);
+/// Minimum time between two reads of one process's perf map when it does
+/// not name an address and has grown since it was read (the runtime
+/// appends a line per function it compiles); it doubles with each such
+/// read, up to `PERF_MAP_REFRESH`, so that a runtime compiling all the time
+/// is not re-read more than every few seconds (each read is a new table).
+const PERF_MAP_MISS_REFRESH: Duration = Duration::from_millis(200);
 /// Longest command line kept in `__meta_process_cmdline`.
 const CMDLINE_MAX: usize = 512;
 
@@ -75,6 +81,10 @@ struct Process {
     maps_backoff: Duration,
     perf_map: Option<Rc<Object>>,
     perf_map_read: Option<Instant>,
+    /// Size of the perf map file when it was last read.
+    perf_map_len: u64,
+    /// Current minimum age of the perf map for a re-read on a miss.
+    perf_map_backoff: Duration,
     ns_pid: u32,
     /// Push interval in which this process was last sampled.
     last_interval: u64,
@@ -434,7 +444,7 @@ impl Collector {
                 object: obj.id,
                 addr: addr - m.start,
             },
-            Backing::Anon(_) => match self.perf_map_object(key) {
+            Backing::Anon(_) => match self.perf_map_object(key, addr) {
                 Some(jit) => FrameKey {
                     object: jit.id,
                     addr,
@@ -457,23 +467,33 @@ impl Collector {
         (addr < m.end).then(|| (m.clone(), o.clone()))
     }
 
-    /// The JIT perf map of a process, (re)read at most every few seconds.
-    fn perf_map_object(&mut self, key: (u32, u64)) -> Option<Rc<Object>> {
+    /// The JIT perf map of a process for a frame at `addr`: (re)read at most
+    /// every few seconds, and sooner when it does not name `addr` but has
+    /// grown (a function compiled since the last read).
+    fn perf_map_object(&mut self, key: (u32, u64), addr: u64) -> Option<Rc<Object>> {
         let now = Instant::now();
         let p = self.processes.get(&key)?;
-        let fresh = p
-            .perf_map_read
-            .is_some_and(|t| now.duration_since(t) < PERF_MAP_REFRESH);
-        if fresh {
-            return p.perf_map.clone();
-        }
         let (pid, ns_pid) = (p.pid, p.ns_pid);
         let path = self
             .proc
             .root_dir(pid)
             .join(format!("tmp/perf-{ns_pid}.map"));
+        let age = p.perf_map_read.map(|t| now.duration_since(t));
+        if let Some(age) = age
+            && age < PERF_MAP_REFRESH
+        {
+            let covered = p.perf_map.as_ref().is_some_and(|o| o.perf_map_covers(addr));
+            let grown = || std::fs::metadata(&path).is_ok_and(|m| m.len() != p.perf_map_len);
+            if covered || age < p.perf_map_backoff || !grown() {
+                return p.perf_map.clone();
+            }
+        }
+        let mut len = 0;
         let obj = match std::fs::File::open(&path) {
-            Ok(f) => match SymbolTable::parse_perf_map(std::io::BufReader::new(f)) {
+            Ok(f) => match f.metadata().map(|m| m.len()).and_then(|l| {
+                len = l;
+                SymbolTable::parse_perf_map(std::io::BufReader::new(f))
+            }) {
                 Ok(t) if !t.is_empty() => {
                     Some(self.sym.perf_map(format!("/tmp/perf-{ns_pid}.map"), t))
                 }
@@ -483,6 +503,10 @@ impl Collector {
         };
         let p = self.processes.get_mut(&key)?;
         p.perf_map_read = Some(now);
+        p.perf_map_len = len;
+        if age.is_some() {
+            p.perf_map_backoff = (p.perf_map_backoff * 2).min(PERF_MAP_REFRESH);
+        }
         if obj.is_some() {
             p.perf_map = obj;
         }
@@ -565,6 +589,8 @@ impl Collector {
             maps_backoff: MAPS_REFRESH,
             perf_map: None,
             perf_map_read: None,
+            perf_map_len: 0,
+            perf_map_backoff: PERF_MAP_MISS_REFRESH,
             ns_pid: self.proc.ns_pid(pid).unwrap_or(pid),
             last_interval: self.interval,
             py: None,

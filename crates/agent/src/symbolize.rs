@@ -282,6 +282,12 @@ impl Object {
     pub(crate) fn is_kernel(&self) -> bool {
         matches!(self.kind, Kind::Kernel)
     }
+
+    /// Whether a JIT perf map object names the code at `addr` (other kinds:
+    /// false).
+    pub(crate) fn perf_map_covers(&self, addr: u64) -> bool {
+        matches!(&self.kind, Kind::PerfMap(t) if t.lookup(addr).is_some())
+    }
 }
 
 /// Identity of a file on disk, for files without a build id.
