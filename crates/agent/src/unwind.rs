@@ -57,6 +57,12 @@ pub(crate) enum UnwindError {
     TooHigh,
     #[error("its call frame information is larger than {MAX_CFI_BYTES} bytes")]
     TooBig,
+    #[error("its FDEs are not sorted by address")]
+    Unsorted,
+    #[error("it has more rows than estimated from its size")]
+    OverEstimate,
+    #[error("writing its table into the BPF map")]
+    Map(#[from] aya::maps::MapError),
 }
 
 /// One address range of an FDE with its rule, before compaction.
@@ -68,11 +74,18 @@ struct Span {
 }
 
 /// Largest call frame information (`.eh_frame` + `.debug_frame`) turned
-/// into a table: building one costs ~2.5 bytes of transient heap per byte
-/// of CFI and ~0.5 µs per row, so the biggest binaries (librustc_driver,
-/// libLLVM: 5–6 MB of `.eh_frame`, a million rows) would cost the agent
-/// seconds and tens of MB. They are unwound with frame pointers.
+/// into a table by collecting and sorting its spans (a file with a
+/// `.debug_frame`, or FDEs that overlap): that costs ~2.5 bytes of
+/// transient heap per byte of CFI and ~0.5 µs per row. Bigger files of
+/// that kind are unwound with frame pointers; files with sorted FDEs are
+/// streamed, up to `MAX_STREAMED_CFI_BYTES`.
 pub(crate) const MAX_CFI_BYTES: u64 = 2 << 20;
+/// Largest call frame information streamed into a table (no
+/// `.debug_frame`, FDEs that do not overlap): the transient heap is the section itself, the
+/// time ~0.5 µs per row plus a map update each; a release Rust service of
+/// 40 MB (3.2 MB of `.eh_frame`) fits, the debug builds of big programs
+/// (20 MB and more) do not.
+pub(crate) const MAX_STREAMED_CFI_BYTES: u64 = 8 << 20;
 /// Rows per byte of `.eh_frame`, a little above what was measured (libc
 /// 0.18, librustc_driver 0.18, python3.11 0.16, Rust debug binaries 0.15).
 const ROWS_PER_CFI_BYTE: f64 = 0.2;
@@ -166,9 +179,11 @@ fn rule_of<R: gimli::Reader>(
 fn spans_of<R: gimli::Reader, S: UnwindSection<R>>(
     section: &S,
     bases: &BaseAddresses,
-    out: &mut Vec<Span>,
+    out: &mut dyn FnMut(Span) -> Result<(), UnwindError>,
 ) -> Result<(), UnwindError> {
-    let mut ctx = Box::new(UnwindContext::new());
+    // FDEs in address order (linkers mostly, but not always, write them
+    // so: libc's are not): their start and offset, 16 bytes per function.
+    let mut fdes = Vec::new();
     let mut entries = section.entries(bases);
     while let Some(entry) = entries.next()? {
         let CieOrFde::Fde(partial) = entry else {
@@ -176,7 +191,18 @@ fn spans_of<R: gimli::Reader, S: UnwindSection<R>>(
         };
         // An FDE that does not parse (a CIE version we do not know) leaves a
         // gap, which unwinds as truncated.
-        let Ok(fde) = partial.parse(S::cie_from_offset) else {
+        if let Ok(fde) = partial.parse(S::cie_from_offset) {
+            fdes.push((fde.initial_address(), fde.offset()));
+        }
+    }
+    fdes.sort_unstable_by_key(|&(addr, _)| addr);
+    let mut ctx = Box::new(UnwindContext::new());
+    // Neighbours with the same rule (an FDE's rows that only change
+    // registers the unwinder ignores) are one span.
+    let mut pending: Option<Span> = None;
+    for (_, offset) in fdes {
+        let Ok(fde) = section.fde_from_offset(bases, S::Offset::from(offset), S::cie_from_offset)
+        else {
             continue;
         };
         let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
@@ -191,24 +217,28 @@ fn spans_of<R: gimli::Reader, S: UnwindSection<R>>(
                     return Err(UnwindError::TooHigh);
                 };
                 let rule = rule_of(row, section);
-                // Neighbours with the same rule (an FDE's rows that only
-                // change registers the unwinder ignores) are one span.
-                if let Some(last) = out.last_mut()
+                if let Some(last) = pending.as_mut()
                     && last.end == start
                     && last.rule == rule
                 {
                     last.end = end;
                     continue;
                 }
-                out.push(Span { start, end, rule });
+                if let Some(done) = pending.replace(Span { start, end, rule }) {
+                    out(done)?;
+                }
             }
         }
+    }
+    if let Some(done) = pending {
+        out(done)?;
     }
     Ok(())
 }
 
 /// The compacted unwind table of an ELF file, sorted by address. Empty when
 /// the file has CFI that covers nothing.
+#[cfg(test)]
 pub(crate) fn build_table(file: &File) -> Result<Vec<UnwindRow>, UnwindError> {
     let layout = ElfLayout::read(file)?;
     if cfi_bytes(&layout) > MAX_CFI_BYTES {
@@ -217,28 +247,67 @@ pub(crate) fn build_table(file: &File) -> Result<Vec<UnwindRow>, UnwindError> {
     build_rows(file, &layout)
 }
 
+/// The `.eh_frame` section of a file and the base addresses its pointers
+/// are relative to.
+fn eh_frame_of(
+    file: &File,
+    layout: &ElfLayout,
+) -> Result<Option<(Vec<u8>, BaseAddresses)>, UnwindError> {
+    let Some(s) = layout.section(".eh_frame") else {
+        return Ok(None);
+    };
+    let data = layout.read_section(file, s)?;
+    let addr = layout.file_offset_to_vaddr(s.offset).unwrap_or(0);
+    let mut bases = BaseAddresses::default().set_eh_frame(addr);
+    if let Some(t) = layout.section(".text")
+        && let Some(a) = layout.file_offset_to_vaddr(t.offset)
+    {
+        bases = bases.set_text(a);
+    }
+    if let Some(g) = layout.section(".got")
+        && let Some(a) = layout.file_offset_to_vaddr(g.offset)
+    {
+        bases = bases.set_got(a);
+    }
+    Ok(Some((data, bases)))
+}
+
+/// Makes the table of a file that has only `.eh_frame` row by row into
+/// `emit`, FDE by FDE in address order, holding neither the spans nor the
+/// rows: the transient memory is the section itself and 16 bytes per FDE.
+/// [`UnwindError::Unsorted`] for a file whose FDEs overlap (then
+/// [`build_rows`] sorts their rows), [`UnwindError::NoCfi`] when it has a
+/// `.debug_frame` to merge or no `.eh_frame`.
+fn stream_rows(
+    file: &File,
+    layout: &ElfLayout,
+    emit: &mut dyn FnMut(UnwindRow) -> Result<(), UnwindError>,
+) -> Result<(), UnwindError> {
+    if layout.section(".debug_frame").is_some() {
+        return Err(UnwindError::NoCfi);
+    }
+    let Some((data, bases)) = eh_frame_of(file, layout)? else {
+        return Err(UnwindError::NoCfi);
+    };
+    let mut eh = EhFrame::new(&data, NativeEndian);
+    eh.set_address_size(8);
+    let mut c = Compactor::new(emit);
+    spans_of(&eh, &bases, &mut |s| c.span(s))?;
+    c.finish()
+}
+
 /// [`build_table`] without the size limit.
 fn build_rows(file: &File, layout: &ElfLayout) -> Result<Vec<UnwindRow>, UnwindError> {
     let mut spans = Vec::new();
     let mut found = false;
-    if let Some(s) = layout.section(".eh_frame") {
+    if let Some((data, bases)) = eh_frame_of(file, layout)? {
         found = true;
-        let data = layout.read_section(file, s)?;
-        let addr = layout.file_offset_to_vaddr(s.offset).unwrap_or(0);
-        let mut bases = BaseAddresses::default().set_eh_frame(addr);
-        if let Some(t) = layout.section(".text")
-            && let Some(a) = layout.file_offset_to_vaddr(t.offset)
-        {
-            bases = bases.set_text(a);
-        }
-        if let Some(g) = layout.section(".got")
-            && let Some(a) = layout.file_offset_to_vaddr(g.offset)
-        {
-            bases = bases.set_got(a);
-        }
         let mut eh = EhFrame::new(&data, NativeEndian);
         eh.set_address_size(8);
-        spans_of(&eh, &bases, &mut spans)?;
+        spans_of(&eh, &bases, &mut |s| {
+            spans.push(s);
+            Ok(())
+        })?;
     }
     if let Some(s) = layout.section(".debug_frame") {
         found = true;
@@ -246,7 +315,10 @@ fn build_rows(file: &File, layout: &ElfLayout) -> Result<Vec<UnwindRow>, UnwindE
         let mut df = DebugFrame::new(&data, NativeEndian);
         df.set_address_size(8);
         let mut more = Vec::new();
-        spans_of(&df, &BaseAddresses::default(), &mut more)?;
+        spans_of(&df, &BaseAddresses::default(), &mut |s| {
+            more.push(s);
+            Ok(())
+        })?;
         // .eh_frame wins where both describe an address.
         let covered: Vec<(u32, u32)> = {
             let mut c: Vec<(u32, u32)> = spans.iter().map(|s| (s.start, s.end)).collect();
@@ -278,60 +350,113 @@ fn cfi_bytes(layout: &ElfLayout) -> u64 {
 fn compact(mut spans: Vec<Span>) -> Result<Vec<UnwindRow>, UnwindError> {
     spans.sort_by_key(|s| (s.start, s.end));
     let mut rows: Vec<UnwindRow> = Vec::with_capacity(spans.len() / 2);
-    let mut last: Option<Rule> = None;
-    let mut end = 0u32;
-    let gap = Rule {
-        cfa: CfaType::None,
-        cfa_off: 0,
-        rbp: RbpType::Same,
-        rbp_off: 0,
-    };
-    let push = |rows: &mut Vec<UnwindRow>,
-                last: &mut Option<Rule>,
-                pc: u32,
-                r: Rule|
-     -> Result<(), UnwindError> {
-        if *last == Some(r) {
+    let mut c = Compactor::new(|r| {
+        rows.push(r);
+        Ok(())
+    });
+    for s in spans {
+        c.span(s)?;
+    }
+    c.finish()?;
+    Ok(rows)
+}
+
+const GAP: Rule = Rule {
+    cfa: CfaType::None,
+    cfa_off: 0,
+    rbp: RbpType::Same,
+    rbp_off: 0,
+};
+
+fn row_of(pc: u32, r: Rule) -> UnwindRow {
+    UnwindRow {
+        pc,
+        cfa_off: r.cfa_off,
+        rbp_off: r.rbp_off,
+        cfa_type: r.cfa as u8,
+        rbp_type: r.rbp as u8,
+        reserved: 0,
+    }
+}
+
+/// Turns spans sorted by start into table rows as they come, holding back
+/// one row (a later span starting at the same address replaces it), so a
+/// table can be written out without collecting the spans first.
+struct Compactor<F: FnMut(UnwindRow) -> Result<(), UnwindError>> {
+    emit: F,
+    /// The last row made, not emitted yet.
+    held: Option<(u32, Rule)>,
+    /// Rule of the last row emitted.
+    emitted: Option<Rule>,
+    /// Rule of the last row made (held or emitted).
+    last: Option<Rule>,
+    /// End of the code covered so far.
+    end: u32,
+    /// Start of the last span (spans must come sorted).
+    prev_start: u32,
+}
+
+impl<F: FnMut(UnwindRow) -> Result<(), UnwindError>> Compactor<F> {
+    fn new(emit: F) -> Self {
+        Compactor {
+            emit,
+            held: None,
+            emitted: None,
+            last: None,
+            end: 0,
+            prev_start: 0,
+        }
+    }
+
+    fn push(&mut self, pc: u32, r: Rule) -> Result<(), UnwindError> {
+        if self.last == Some(r) {
             return Ok(());
         }
-        // A later span starting at the same address replaces the row.
-        if rows.last().is_some_and(|l| l.pc == pc) {
-            rows.pop();
+        self.last = Some(r);
+        if let Some((held_pc, held)) = self.held.take()
+            && held_pc != pc
+        {
+            (self.emit)(row_of(held_pc, held))?;
+            self.emitted = Some(held);
         }
-        rows.push(UnwindRow {
-            pc,
-            cfa_off: r.cfa_off,
-            rbp_off: r.rbp_off,
-            cfa_type: r.cfa as u8,
-            rbp_type: r.rbp as u8,
-            reserved: 0,
-        });
-        *last = Some(r);
+        // (A held row at the same address is replaced by this one; the row
+        // before it may then have the same rule.)
+        if self.emitted != Some(r) {
+            self.held = Some((pc, r));
+        }
         Ok(())
-    };
-    for s in spans {
-        if s.start < end {
-            // Overlapping FDEs (rare, broken CFI): the first one wins.
-            if s.end <= end {
-                continue;
-            }
-        } else if s.start > end && last.is_some() {
-            push(&mut rows, &mut last, end, gap)?;
+    }
+
+    /// The next span; [`UnwindError::Unsorted`] when it starts before the
+    /// previous one.
+    fn span(&mut self, s: Span) -> Result<(), UnwindError> {
+        if s.start < self.prev_start {
+            return Err(UnwindError::Unsorted);
         }
-        push(&mut rows, &mut last, s.start.max(end), s.rule)?;
-        end = end.max(s.end);
+        self.prev_start = s.start;
+        if s.start < self.end {
+            // Overlapping FDEs (rare, broken CFI): the first one wins.
+            if s.end <= self.end {
+                return Ok(());
+            }
+        } else if s.start > self.end && self.last.is_some() {
+            self.push(self.end, GAP)?;
+        }
+        self.push(s.start.max(self.end), s.rule)?;
+        self.end = self.end.max(s.end);
+        Ok(())
     }
-    if last.is_some() {
-        push(&mut rows, &mut last, end, gap)?;
+
+    /// Closes the table with a gap row after the last span.
+    fn finish(mut self) -> Result<(), UnwindError> {
+        if self.last.is_some() {
+            self.push(self.end, GAP)?;
+        }
+        if let Some((pc, r)) = self.held.take() {
+            (self.emit)(row_of(pc, r))?;
+        }
+        Ok(())
     }
-    // Merging may have left two equal neighbours after a pop.
-    rows.dedup_by(|b, a| {
-        a.cfa_type == b.cfa_type
-            && a.cfa_off == b.cfa_off
-            && a.rbp_type == b.rbp_type
-            && a.rbp_off == b.rbp_off
-    });
-    Ok(rows)
 }
 
 /// What the loaded tables cost, for metrics.
@@ -467,6 +592,72 @@ impl Unwinder {
         self.free = merged;
     }
 
+    /// Writes the table of a file into the array: `(first row, rows)`, or
+    /// `None` when it does not fit even after evicting every idle table.
+    /// Streamed row by row when its FDEs do not overlap (room for an
+    /// estimate of its rows is taken first, the rest given back); else
+    /// collected and sorted, up to `MAX_CFI_BYTES` of CFI.
+    fn load(&mut self, file: &File, layout: &ElfLayout) -> Result<Option<(u32, u32)>, UnwindError> {
+        let cfi = cfi_bytes(layout);
+        let estimate = (cfi as f64 * ROWS_PER_CFI_BYTE) as u64 + 2;
+        if estimate > self.free_rows() {
+            return Ok(None);
+        }
+        let estimate = u32::try_from(estimate).map_err(|_| UnwindError::TooBig)?;
+        if cfi <= MAX_STREAMED_CFI_BYTES {
+            let Some(start) = self.alloc_evicting(estimate) else {
+                return Ok(None);
+            };
+            let mut n = 0u32;
+            let rows = &mut self.rows;
+            let streamed = stream_rows(file, layout, &mut |r| {
+                if n >= estimate {
+                    return Err(UnwindError::OverEstimate);
+                }
+                rows.set(start + n, PodRow(r), 0)?;
+                n += 1;
+                Ok(())
+            });
+            match streamed {
+                Ok(()) if n > 0 => {
+                    if n < estimate {
+                        self.release(start + n, estimate - n);
+                    }
+                    return Ok(Some((start, n)));
+                }
+                Ok(()) => {
+                    self.release(start, estimate);
+                    return Err(UnwindError::NoCfi);
+                }
+                Err(UnwindError::Unsorted | UnwindError::OverEstimate | UnwindError::NoCfi) => {
+                    self.release(start, estimate);
+                }
+                Err(e) => {
+                    self.release(start, estimate);
+                    return Err(e);
+                }
+            }
+        }
+        if cfi > MAX_CFI_BYTES {
+            return Err(UnwindError::TooBig);
+        }
+        let rows = build_rows(file, layout)?;
+        if rows.is_empty() {
+            return Err(UnwindError::NoCfi);
+        }
+        let len = u32::try_from(rows.len()).map_err(|_| UnwindError::TooBig)?;
+        let Some(start) = self.alloc_evicting(len) else {
+            return Ok(None);
+        };
+        for (i, r) in (0..).zip(&rows) {
+            if let Err(e) = self.rows.set(start + i, PodRow(*r), 0) {
+                self.release(start, len);
+                return Err(e.into());
+            }
+        }
+        Ok(Some((start, len)))
+    }
+
     /// The table of one file (first row, rows, bias of this mapping),
     /// loading it into the array on first use.
     fn table(&mut self, pid: u32, f: &MappedFile<'_>) -> Option<(u32, u32, u64)> {
@@ -483,53 +674,33 @@ impl Unwinder {
             *seen = self.interval;
             return None;
         }
-        let mut over_budget = false;
-        let built = (f.open)().ok_or(UnwindError::NoCfi).and_then(|file| {
-            let layout = ElfLayout::read(&file)?;
-            // Not worth building when it cannot fit, even after evicting
-            // every idle table.
-            let estimate = (cfi_bytes(&layout) as f64 * ROWS_PER_CFI_BYTE) as u64;
-            if estimate > self.free_rows() {
-                over_budget = true;
-                return Err(UnwindError::TooBig);
-            }
-            let rows = build_table(&file).inspect_err(|e| {
-                tracing::debug!(key = f.key, error = %crate::chain(e), "no unwind table");
-            })?;
-            Ok((layout, rows))
-        });
-        let (layout, rows) = match built {
-            Ok((l, r)) if !r.is_empty() && l.mapping_vaddr(f.offset).is_some() => (l, r),
-            _ => {
-                self.reject(
-                    f.key,
-                    if over_budget {
-                        Rejected::Budget
-                    } else {
-                        Rejected::NoTable
-                    },
-                );
-                return None;
-            }
-        };
-        let len = u32::try_from(rows.len()).unwrap_or(u32::MAX);
-        let Some(start) = self.alloc_evicting(len) else {
-            tracing::info!(
-                key = f.key,
-                rows = rows.len(),
-                "unwind table does not fit in the budget; its code is unwound with frame pointers"
-            );
-            self.reject(f.key, Rejected::Budget);
+        let Some((file, layout)) = (f.open)().and_then(|file| {
+            let layout = ElfLayout::read(&file).ok()?;
+            layout
+                .mapping_vaddr(f.offset)
+                .is_some()
+                .then_some((file, layout))
+        }) else {
+            self.reject(f.key, Rejected::NoTable);
             return None;
         };
-        for (i, r) in rows.iter().enumerate() {
-            if let Err(error) = self.rows.set(start + i as u32, PodRow(*r), 0) {
-                tracing::warn!(error = %crate::chain(&error), "writing an unwind table");
-                self.release(start, len);
+        let (start, len) = match self.load(&file, &layout) {
+            Ok(Some(loaded)) => loaded,
+            Ok(None) => {
+                tracing::info!(
+                    key = f.key,
+                    cfi_bytes = cfi_bytes(&layout),
+                    "unwind table does not fit in the budget; its code is unwound with frame pointers"
+                );
+                self.reject(f.key, Rejected::Budget);
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(key = f.key, error = %crate::chain(&e), "no unwind table");
                 self.reject(f.key, Rejected::NoTable);
                 return None;
             }
-        }
+        };
         self.rows_used += u64::from(len);
         let vaddr = layout.mapping_vaddr(f.offset)?;
         self.tables.insert(
@@ -805,6 +976,58 @@ mod tests {
         assert!(rows.iter().any(|r| r.cfa_type == CfaType::End as u8));
         assert!(rows.iter().any(|r| r.cfa_type == CfaType::Plt as u8));
         assert!(rows.iter().any(|r| r.rbp_type == RbpType::Offset as u8));
+    }
+
+    fn streamed(path: &str) -> Result<Vec<UnwindRow>, UnwindError> {
+        let file = File::open(path).unwrap();
+        let layout = ElfLayout::read(&file).unwrap();
+        let mut rows = Vec::new();
+        stream_rows(&file, &layout, &mut |r| {
+            rows.push(r);
+            Ok(())
+        })?;
+        Ok(rows)
+    }
+
+    fn key(r: &UnwindRow) -> (u32, i16, i16, u8, u8) {
+        (r.pc, r.cfa_off, r.rbp_off, r.cfa_type, r.rbp_type)
+    }
+
+    /// The streamed table (no spans or rows held) is the collected, sorted
+    /// one, for libc, Python and this test binary (above `MAX_CFI_BYTES`).
+    #[test]
+    fn streamed_tables_equal_collected_ones() {
+        let exe = std::env::current_exe().unwrap();
+        let python = std::fs::canonicalize("/usr/bin/python3").unwrap();
+        for path in [
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            python.to_str().unwrap(),
+            exe.to_str().unwrap(),
+        ] {
+            let file = File::open(path).unwrap();
+            let layout = ElfLayout::read(&file).unwrap();
+            let collected = build_rows(&file, &layout).unwrap();
+            let streamed = streamed(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert!(collected.len() > 1000, "{path}: {} rows", collected.len());
+            assert_eq!(streamed.len(), collected.len(), "{path}");
+            assert!(
+                streamed.iter().map(key).eq(collected.iter().map(key)),
+                "{path}: the rows differ"
+            );
+            // Few enough rows for the estimate the array slice is taken by.
+            let estimate = cfi_bytes(&layout) as f64 * ROWS_PER_CFI_BYTE;
+            assert!((streamed.len() as f64) < estimate, "{path}");
+        }
+    }
+
+    #[test]
+    fn compactor_refuses_unsorted_spans() {
+        let mut c = Compactor::new(|_| Ok(()));
+        c.span(span(0x200, 0x300, CfaType::Rsp, 8)).unwrap();
+        assert!(matches!(
+            c.span(span(0x100, 0x180, CfaType::Rsp, 8)),
+            Err(UnwindError::Unsorted)
+        ));
     }
 }
 
