@@ -29,7 +29,9 @@ pub(crate) struct TenantHead {
 impl TenantHead {
     /// Adds a batch; profiles whose id is already present are skipped
     /// (replays and retries are idempotent). Returns the samples added.
-    pub(crate) fn apply(&mut self, batch: &IngestBatch) -> usize {
+    /// Takes the batch by value: its symbols move into the head's table
+    /// (new entries only), nothing is cloned.
+    pub(crate) fn apply(&mut self, batch: IngestBatch) -> usize {
         let mut b = SamplesBuilder::with_capacity(batch.sample_count());
         for p in &batch.profiles {
             if !self.profile_ids.insert(p.id) {
@@ -60,7 +62,7 @@ impl TenantHead {
             return 0;
         }
         let before = self.symbols.stacks.len() + self.symbols.locations.len();
-        self.symbols.merge(&batch.symbols);
+        self.symbols.merge_owned(batch.symbols);
         let new_syms = self.symbols.stacks.len() + self.symbols.locations.len() - before;
         self.recent.push(b.finish());
         if self.recent.len() >= RECENT_BATCHES {

@@ -212,6 +212,23 @@ impl Symbols {
         }
     }
 
+    /// [`Symbols::merge`] that moves `other`'s entries in instead of
+    /// cloning them: what a head does with each write's table.
+    pub fn merge_owned(&mut self, other: Symbols) {
+        for (k, v) in other.stacks {
+            self.stacks.entry(k).or_insert(v);
+        }
+        for (k, v) in other.locations {
+            self.locations.entry(k).or_insert(v);
+        }
+        for (k, v) in other.functions {
+            self.functions.entry(k).or_insert(v);
+        }
+        for (k, v) in other.mappings {
+            self.mappings.entry(k).or_insert(v);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.stacks.is_empty()
     }
@@ -358,6 +375,10 @@ mod tests {
         m.merge(&s);
         m.merge(&s);
         assert_eq!(m, s);
+        let mut owned = Symbols::default();
+        owned.merge_owned(s.clone());
+        owned.merge_owned(s.clone());
+        assert_eq!(owned, s);
         assert_eq!(m.frames(&st), s.frames(&st));
     }
 }
