@@ -1,11 +1,9 @@
 //! The per-tenant in-memory head: what has been acknowledged and not yet
 //! cut into a block, in the same row layout as a block's sample table.
 
-use std::collections::{HashMap, HashSet};
-
 use arrow::array::RecordBatch;
 use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow, samples_schema};
-use fathom_model::{Id, IngestBatch, Symbols};
+use fathom_model::{IdMap, IdSet, IngestBatch, Symbols};
 
 /// Recent small sample batches are concatenated into one chunk when there
 /// are this many, so a head holds few batches without copying old data again.
@@ -14,9 +12,9 @@ const RECENT_BATCHES: usize = 64;
 /// One tenant's head.
 #[derive(Default)]
 pub(crate) struct TenantHead {
-    pub(crate) series: HashMap<Id, SeriesRow>,
+    pub(crate) series: IdMap<SeriesRow>,
     pub(crate) profiles: Vec<ProfileRow>,
-    profile_ids: HashSet<Id>,
+    profile_ids: IdSet,
     /// Concatenated chunks of earlier writes.
     pub(crate) samples: Vec<RecordBatch>,
     /// One batch per recent write.

@@ -2,13 +2,22 @@
 //! recent data, and cuts blocks to object storage.
 //!
 //! ```text
-//! write(batch) ──► WAL append + fsync (group commit) ──► per-tenant head ──► ack
+//! write_record(bytes) ─ decode once (ids as sent) ─┐
+//! write(batch) ─ encode the record once ───────────┴► WAL append (the record's
+//!                bytes as received) + fsync (group commit) ──► per-tenant head ──► ack
 //!                                                           │ every flush interval,
 //!                                                           │ at the size limit, on shutdown
 //!                                                           ▼
 //!                      rotate WAL, freeze heads ──► encode Parquet (blocking pool)
 //!                      ──► upload files, meta.json last ──► block index ──► drop old WAL segments
 //! ```
+//!
+//! A distributor's write arrives as the encoded record it made once
+//! (`fathom_proto::encode_write_request`, format 2: every symbol with its
+//! content-addressed id): its bytes are the WAL record, and the head takes
+//! the ids as sent and the batch's symbols by move. Replay reads records of
+//! format 0 (ids recomputed) and 2, and refuses to start on any other
+//! ([`Error::RecordVersion`]).
 //!
 //! Invariants:
 //! - a write is acknowledged only after its WAL record is fsync'd, and the
@@ -985,12 +994,7 @@ mod tests {
         use prost::Message;
         let dir = tempfile::tempdir().unwrap();
         let b = batch("t1", 1, 5);
-        let mut v0 = WriteRequest::from(&b);
-        v0.format_version = fathom_proto::WRITE_FORMAT_V0;
-        v0.functions.iter_mut().for_each(|f| f.id.clear());
-        v0.mappings.iter_mut().for_each(|m| m.id.clear());
-        v0.locations.iter_mut().for_each(|l| l.id.clear());
-        v0.stacks.iter_mut().for_each(|s| s.id.clear());
+        let v0 = fathom_proto::write_request_format0(&b);
         let wal_dir = dir.path().join("wal");
         wal::write_segment(&wal_dir, 1, &[&v0.encode_to_vec()]);
         let store = Arc::new(InMemory::new());

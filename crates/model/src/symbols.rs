@@ -1,6 +1,4 @@
-use std::collections::HashMap;
-
-use crate::ids::{Id, IdHasher};
+use crate::ids::{Id, IdHasher, IdMap};
 
 /// A function as pprof describes it. Its id hashes every field.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
@@ -96,10 +94,10 @@ impl Stack {
 /// content-addressed ids. Merging two tables is a union by id.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Symbols {
-    pub stacks: HashMap<Id, Stack>,
-    pub locations: HashMap<Id, Location>,
-    pub functions: HashMap<Id, Function>,
-    pub mappings: HashMap<Id, Mapping>,
+    pub stacks: IdMap<Stack>,
+    pub locations: IdMap<Location>,
+    pub functions: IdMap<Function>,
+    pub mappings: IdMap<Mapping>,
 }
 
 impl Symbols {

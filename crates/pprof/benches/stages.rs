@@ -14,12 +14,16 @@
 //! before format 2) and of format 2 (ids as sent, the received bytes are
 //! the WAL record: one decode).
 
+/// The allocator of `fathom`'s server roles (cmd/src/alloc.rs), so that
+/// allocation costs what it costs in the server.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::Instant;
 
 use fathom_model::{IngestBatch, Labels, TenantId};
 use fathom_pprof::{Limits, NormalizeOptions, decode, normalize};
-use fathom_proto::ingester::WriteRequest;
 use prost::Message;
 
 /// Every protobuf pprof of the corpus with an expectation, uncompressed.
@@ -63,19 +67,11 @@ fn rate(bytes: usize, secs: f64, mut pass: impl FnMut() -> usize) -> f64 {
     (bytes as f64 * n as f64) / 1e6 / t0.elapsed().as_secs_f64()
 }
 
-fn strip_ids(r: &mut WriteRequest) {
-    r.format_version = fathom_proto::WRITE_FORMAT_V0;
-    r.functions.iter_mut().for_each(|f| f.id.clear());
-    r.mappings.iter_mut().for_each(|m| m.id.clear());
-    r.locations.iter_mut().for_each(|l| l.id.clear());
-    r.stacks.iter_mut().for_each(|s| s.id.clear());
-}
-
 fn main() {
     let secs: f64 = std::env::var("FATHOM_BENCH_STAGE_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+        .unwrap_or(2.0);
     let files = corpus();
     let total: usize = files.iter().map(Vec::len).sum();
     println!(
@@ -110,88 +106,113 @@ fn main() {
         .collect();
     let v0: Vec<Vec<u8>> = batches
         .iter()
-        .map(|b| {
-            let mut r = WriteRequest::from(b);
-            strip_ids(&mut r);
-            r.encode_to_vec()
-        })
+        .map(|b| fathom_proto::write_request_format0(b).encode_to_vec())
         .collect();
 
-    let prost = rate(total, secs, || {
-        files
-            .iter()
-            .map(|b| {
-                fathom_proto::pprof::Profile::decode(&b[..])
-                    .unwrap()
-                    .sample
-                    .len()
-            })
-            .sum()
-    });
-    let dec = rate(total, secs, || {
-        files
-            .iter()
-            .map(|b| decode(b, &limits).unwrap().sample.len())
-            .sum()
-    });
-    let norm = rate(total, secs, || {
-        decoded
-            .iter()
-            .map(|p| normalize(p, &opts).unwrap().profiles.len())
-            .sum()
-    });
-    let enc = rate(total, secs, || {
-        batches
-            .iter()
-            .map(|b| fathom_proto::encode_write_request(b).len())
-            .sum()
-    });
-    let distributor = rate(total, secs, || {
-        files
-            .iter()
-            .map(|b| {
-                let p = decode(b, &limits).unwrap();
-                let n = normalize(&p, &opts).unwrap();
-                let batch = IngestBatch {
-                    tenant: tenant.clone(),
-                    profiles: n.profiles,
-                    symbols: n.symbols,
-                };
-                fathom_proto::encode_write_request(&batch).len()
-            })
-            .sum()
-    });
-    let ingester_v0 = rate(total, secs, || {
-        v0.iter()
-            .map(|r| {
-                let b = fathom_proto::decode_write_request(r).unwrap();
-                fathom_proto::encode_write_request(&b).len()
-            })
-            .sum()
-    });
-    let ingester_v2 = rate(total, secs, || {
-        v2.iter()
-            .map(|r| {
-                fathom_proto::decode_write_request(r)
-                    .unwrap()
-                    .profiles
-                    .len()
-            })
-            .sum()
-    });
-    let figure = |name: &str, v: f64| {
+    // Rounds interleave the stages, so that a change in the machine's load
+    // (it is shared) shows up as spread rather than as one stage's figure.
+    let rounds: usize = std::env::var("FATHOM_BENCH_STAGE_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let mut all: Vec<[f64; 7]> = Vec::new();
+    for _ in 0..rounds {
+        let prost = rate(total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    fathom_proto::pprof::Profile::decode(&b[..])
+                        .unwrap()
+                        .sample
+                        .len()
+                })
+                .sum()
+        });
+        let dec = rate(total, secs, || {
+            files
+                .iter()
+                .map(|b| decode(b, &limits).unwrap().sample.len())
+                .sum()
+        });
+        let norm = rate(total, secs, || {
+            decoded
+                .iter()
+                .map(|p| normalize(p, &opts).unwrap().profiles.len())
+                .sum()
+        });
+        let enc = rate(total, secs, || {
+            batches
+                .iter()
+                .map(|b| fathom_proto::encode_write_request(b).len())
+                .sum()
+        });
+        let distributor = rate(total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    let p = decode(b, &limits).unwrap();
+                    let n = normalize(&p, &opts).unwrap();
+                    let batch = IngestBatch {
+                        tenant: tenant.clone(),
+                        profiles: n.profiles,
+                        symbols: n.symbols,
+                    };
+                    fathom_proto::encode_write_request(&batch).len()
+                })
+                .sum()
+        });
+        let ingester_v0 = rate(total, secs, || {
+            v0.iter()
+                .map(|r| {
+                    let b = fathom_proto::decode_write_request(r).unwrap();
+                    fathom_proto::encode_write_request(&b).len()
+                })
+                .sum()
+        });
+        let ingester_v2 = rate(total, secs, || {
+            v2.iter()
+                .map(|r| {
+                    fathom_proto::decode_write_request(r)
+                        .unwrap()
+                        .profiles
+                        .len()
+                })
+                .sum()
+        });
+        all.push([prost, dec, norm, enc, distributor, ingester_v0, ingester_v2]);
+    }
+    let median = |i: usize| {
+        let mut v: Vec<f64> = all.iter().map(|r| r[i]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let spread = |i: usize| {
+        let v: Vec<String> = all.iter().map(|r| format!("{:.1}", r[i])).collect();
+        v.join(" / ")
+    };
+    let [prost, dec, norm, enc, distributor, ingester_v0, ingester_v2] =
+        std::array::from_fn(median);
+    // The ratio of each round's figure to the same round's prost decode.
+    let ratio = |i: usize| {
+        let mut v: Vec<f64> = all.iter().map(|r| r[i] / r[0]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+
+    let figure = |name: &str, i: usize, v: f64| {
         println!(
-            "figure stage_{name}: {v:.1} MB/s of uncompressed pprof on one thread ({:.2}x a bare prost decode)",
-            v / prost
+            "figure stage_{name}: {v:.1} MB/s of uncompressed pprof on one thread, median of {rounds} rounds ({}); {:.2}x a bare prost decode of the same round",
+            spread(i),
+            ratio(i),
         );
     };
-    figure("prost_decode", prost);
-    figure("pprof_decode", dec);
-    figure("normalize", norm);
-    figure("encode_record", enc);
-    figure("distributor_decode_normalize_encode", distributor);
-    figure("ingester_record_format0_rehash_reencode", ingester_v0);
-    figure("ingester_record_format2_as_received", ingester_v2);
+    figure("prost_decode", 0, prost);
+    figure("pprof_decode", 1, dec);
+    figure("normalize", 2, norm);
+    figure("encode_record", 3, enc);
+    figure("distributor_decode_normalize_encode", 4, distributor);
+    figure("ingester_record_format0_rehash_reencode", 5, ingester_v0);
+    figure("ingester_record_format2_as_received", 6, ingester_v2);
     // The time per byte of the stages add up: a cluster write costs the
     // distributor's pass plus one ingester pass per replica.
     let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);

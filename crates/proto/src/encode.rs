@@ -112,12 +112,12 @@ fn location_len(l: &model::Location) -> usize {
 }
 
 fn stack_len(s: &model::Stack) -> usize {
-    // Repeated bytes: every element is written, even an empty one.
-    s.locations
-        .iter()
-        .map(|l| delimited_len(1, l.0.len()))
-        .sum::<usize>()
-        + delimited_len(2, 16)
+    delimited_len(2, 16)
+        + if s.locations.is_empty() {
+            0
+        } else {
+            delimited_len(3, 16 * s.locations.len())
+        }
 }
 
 /// The bytes of `WriteRequest::from(b).encode_to_vec()` (format
@@ -196,11 +196,13 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
     }
     for (id, st) in &s.stacks {
         put_header(&mut buf, 6, stack_len(st));
-        for l in &st.locations {
-            put_header(&mut buf, 1, l.0.len());
-            buf.extend_from_slice(&l.0);
-        }
         put_bytes(&mut buf, 2, &id.0);
+        if !st.locations.is_empty() {
+            put_header(&mut buf, 3, 16 * st.locations.len());
+            for l in &st.locations {
+                buf.extend_from_slice(&l.0);
+            }
+        }
     }
     put_varint(&mut buf, 7, u64::from(crate::WRITE_FORMAT));
     debug_assert_eq!(buf.len(), total);

@@ -19,7 +19,8 @@
 //!   [`decode_write_request`] reads them back.
 //!
 //! Record format versions ([`WRITE_FORMAT`]): in format 2 every symbol
-//! carries the content-addressed id the distributor computed, and the
+//! carries the content-addressed id the distributor computed (a stack's
+//! location ids are one packed field), and the
 //! receiver takes it as sent (the ingester's write API is only open to
 //! holders of the cluster secret, and every process computes ids with the
 //! same code); format 0, the first one, has no ids and the receiver
@@ -115,6 +116,25 @@ pub enum ConvertError {
     Decode(#[from] prost::DecodeError),
 }
 
+/// `b` as a `WriteRequest` of the first format (format 0: no symbol ids,
+/// one element per location id in stacks), as WALs written before format 2
+/// hold it; for tests and benchmarks of their replay.
+pub fn write_request_format0(b: &model::IngestBatch) -> ingester::WriteRequest {
+    let mut r = ingester::WriteRequest::from(b);
+    r.format_version = WRITE_FORMAT_V0;
+    r.functions.iter_mut().for_each(|f| f.id.clear());
+    r.mappings.iter_mut().for_each(|m| m.id.clear());
+    r.locations.iter_mut().for_each(|l| l.id.clear());
+    for s in &mut r.stacks {
+        s.id.clear();
+        s.location_ids = std::mem::take(&mut s.locations)
+            .chunks(16)
+            .map(<[u8]>::to_vec)
+            .collect();
+    }
+    r
+}
+
 /// Decodes the bytes of a `WriteRequest` (a WAL record, a replicated write)
 /// into a batch; see [`WRITE_FORMAT`] for which ids are taken as sent.
 pub fn decode_write_request(record: &[u8]) -> Result<model::IngestBatch, ConvertError> {
@@ -202,8 +222,9 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
                 .stacks
                 .iter()
                 .map(|(id, st)| ingester::Stack {
-                    location_ids: st.locations.iter().map(|l| l.0.to_vec()).collect(),
+                    location_ids: Vec::new(),
                     id: id.0.to_vec(),
+                    locations: st.locations.iter().flat_map(|l| l.0).collect(),
                 })
                 .collect(),
             format_version: WRITE_FORMAT,
@@ -276,22 +297,37 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
             }
         }
         for (index, st) in r.stacks.iter().enumerate() {
-            let locations = st
-                .location_ids
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    let lid = id("location", b)?;
-                    if symbols.locations.contains_key(&lid) {
-                        Ok(lid)
-                    } else {
-                        Err(ConvertError::UnknownLocation {
-                            index,
-                            index_in_stack: i,
-                        })
-                    }
-                })
-                .collect::<Result<_, ConvertError>>()?;
+            let check = |(i, lid): (usize, Id)| {
+                if symbols.locations.contains_key(&lid) {
+                    Ok(lid)
+                } else {
+                    Err(ConvertError::UnknownLocation {
+                        index,
+                        index_in_stack: i,
+                    })
+                }
+            };
+            let locations = if trusted {
+                if st.locations.len() % 16 != 0 {
+                    return Err(ConvertError::IdLength {
+                        what: "stack locations",
+                        len: st.locations.len(),
+                    });
+                }
+                st.locations
+                    .chunks_exact(16)
+                    .map(|c| Id(c.try_into().expect("16-byte chunk")))
+                    .enumerate()
+                    .map(check)
+                    .collect::<Result<_, ConvertError>>()?
+            } else {
+                st.location_ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| Ok((i, id("location", b)?)))
+                    .map(|r| r.and_then(check))
+                    .collect::<Result<_, ConvertError>>()?
+            };
             let stack = model::Stack { locations };
             if trusted {
                 symbols.stacks.insert(id("stack", &st.id)?, stack);
@@ -385,12 +421,8 @@ mod tests {
 
         // Format 0, the first one (a WAL written before format 2): no ids,
         // recomputed from the content, to the same batch.
-        let mut v0 = wire.clone();
-        v0.format_version = WRITE_FORMAT_V0;
-        v0.functions.iter_mut().for_each(|f| f.id.clear());
-        v0.mappings.iter_mut().for_each(|m| m.id.clear());
-        v0.locations.iter_mut().for_each(|l| l.id.clear());
-        v0.stacks.iter_mut().for_each(|s| s.id.clear());
+        let v0 = write_request_format0(&batch);
+        assert!(v0.stacks.iter().all(|s| s.locations.is_empty()));
         let v0_bytes = prost::Message::encode_to_vec(&v0);
         assert_eq!(decode_write_request(&v0_bytes).unwrap(), batch);
 
