@@ -315,8 +315,8 @@ fn print_prost_ratio(name: &str, per_core: f64, prost: f64) {
 
 async fn ingest_bench(dir: &Path) {
     let prost = prost_decode_mbs(5.0);
-    let (_, rss_before) = rss_mib();
     let srv = start(dir).await;
+    let (_, rss_before) = rss_mib();
     let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_secs()).await;
     let (_, rss_after) = rss_mib();
     let cores = cores();
@@ -327,7 +327,7 @@ async fn ingest_bench(dir: &Path) {
     print_prost_ratio("ingest_single_process", mbs / cores as f64, prost);
     let acked_mib = mbs * el * 1e6 / (1024.0 * 1024.0);
     println!(
-        "figure head_rss_per_ingested_byte: {:.3} (process RSS {rss_before:.0} MiB before the server started, {rss_after:.0} MiB after the /ingest run, before any flush; {acked_mib:.0} MiB of pprof acknowledged)",
+        "figure head_rss_per_ingested_byte: {:.3} (process RSS {rss_before:.0} MiB with the server ready and empty, {rss_after:.0} MiB after the /ingest run, before any flush; {acked_mib:.0} MiB of pprof acknowledged)",
         (rss_after - rss_before) / acked_mib.max(f64::MIN_POSITIVE),
     );
     // The same files through Pyroscope's push.v1 (Connect, protobuf), on
