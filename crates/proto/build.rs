@@ -5,6 +5,9 @@ fn main() {
     // gRPC) and Pyroscope's query API (querier.v1, types.v1, google.v1;
     // served over Connect; its service stubs are unused).
     tonic_prost_build::configure()
+        // An ingester appends a received record to its WAL as is: a
+        // `Bytes` view of the request buffer, not a copy.
+        .bytes(".fathom.ingester.v1.Record.record")
         .file_descriptor_set_path(&descriptors)
         .compile_protos(
             &[

@@ -285,13 +285,50 @@ fn cores() -> usize {
         .unwrap_or(1)
 }
 
+/// Bare prost decode of the ingest corpus into `fathom_proto::pprof::Profile`
+/// on one thread for `secs`: MB/s of uncompressed pprof, that is per core.
+/// The reference the issue measures ingest against ("≥ 0.5× a bare prost
+/// decode of the same bytes").
+fn prost_decode_mbs(secs: f64) -> f64 {
+    use prost::Message;
+    let files = ingest_files();
+    let t0 = Instant::now();
+    let mut bytes = 0u64;
+    let mut i = 0;
+    while t0.elapsed().as_secs_f64() < secs {
+        let f = &files[i % files.len()];
+        let p = fathom_proto::pprof::Profile::decode(&f[..]).expect("corpus pprof");
+        std::hint::black_box(&p);
+        bytes += f.len() as u64;
+        i += 1;
+    }
+    bytes as f64 / 1e6 / t0.elapsed().as_secs_f64()
+}
+
+/// Prints the ingest figure per core next to the bare prost decode.
+fn print_prost_ratio(name: &str, per_core: f64, prost: f64) {
+    println!(
+        "figure {name}_vs_prost_decode: {per_core:.1} MB/s per core acknowledged against a bare prost decode of the same corpus: {prost:.1} MB/s on one thread, same run; ratio {:.2} [target >= 0.5]",
+        per_core / prost.max(f64::MIN_POSITIVE),
+    );
+}
+
 async fn ingest_bench(dir: &Path) {
+    let prost = prost_decode_mbs(5.0);
     let srv = start(dir).await;
+    let (_, rss_before) = rss_mib();
     let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_secs()).await;
+    let (_, rss_after) = rss_mib();
     let cores = cores();
     println!(
         "figure ingest_single_process: {mbs:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {reqs} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
         mbs / cores as f64,
+    );
+    print_prost_ratio("ingest_single_process", mbs / cores as f64, prost);
+    let acked_mib = mbs * el * 1e6 / (1024.0 * 1024.0);
+    println!(
+        "figure head_rss_per_ingested_byte: {:.3} (process RSS {rss_before:.0} MiB with the server ready and empty, {rss_after:.0} MiB after the /ingest run, before any flush; {acked_mib:.0} MiB of pprof acknowledged)",
+        (rss_after - rss_before) / acked_mib.max(f64::MIN_POSITIVE),
     );
     // The same files through Pyroscope's push.v1 (Connect, protobuf), on
     // the same server, right after.
@@ -586,6 +623,7 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     println!("info: cluster bench with {}", bin.display());
     let secs = ingest_secs();
     let cores = cores();
+    let prost = prost_decode_mbs(5.0);
 
     let d = tempfile::tempdir().unwrap();
     let mut single = Fathom::start(&d.path().join("all"), &[]).unwrap();
@@ -606,6 +644,11 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     println!(
         "figure ingest_cluster_rf3: {rf3:.1} MB/s of uncompressed pprof acknowledged ({reqs3} requests in {el3:.1} s; 2 distributors, 3 ingesters, every write on 3 WALs) next to ingest_single_process_as_process: {one:.1} MB/s ({reqs1} requests in {el1:.1} s), same binary, same clients, same {cores}-core machine: ratio {:.2}",
         rf3 / one
+    );
+    print_prost_ratio(
+        "ingest_single_process_as_process",
+        one / cores as f64,
+        prost,
     );
     if ingest_only {
         return;

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use fathom_api::cluster::{Channels, IngesterAddr, Ingesters, quorum};
 use fathom_model::{Id, IdHasher, IngestBatch, Labels, Symbols, TenantId};
-use fathom_proto::ingester::WriteRequest;
+use fathom_proto::ingester::Record;
 use fathom_proto::ingester::ingester_service_client::IngesterServiceClient;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -97,10 +97,12 @@ pub enum ReplicaError {
     Failed(String),
 }
 
-/// Sends one write to one ingester.
+/// Sends one write to one ingester: `record` is the encoded
+/// `WriteRequest` ([`fathom_proto::encode_write_request`]), encoded once
+/// and sent as is to every replica, which stores it as is in its WAL.
 #[async_trait::async_trait]
 pub trait ReplicaClient: Send + Sync + 'static {
-    async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), ReplicaError>;
+    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError>;
 }
 
 /// [`ReplicaClient`] over gRPC, one lazily connected channel per address,
@@ -115,13 +117,13 @@ impl GrpcReplicas {
 
 #[async_trait::async_trait]
 impl ReplicaClient for GrpcReplicas {
-    async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), ReplicaError> {
+    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError> {
         let ch = self.0.get(&to.addr).map_err(ReplicaError::Failed)?;
-        let mut req = tonic::Request::new(req);
+        let mut req = tonic::Request::new(Record { record });
         fathom_api::trace_context::inject(&mut req);
         IngesterServiceClient::new(ch)
             .max_encoding_message_size(64 << 20)
-            .write(req)
+            .write_record(req)
             .await
             .map(|_| ())
             .map_err(|s| {
@@ -232,12 +234,12 @@ impl IngesterWriter for ReplicatedWriter {
         }
         let writes = groups(batch).into_iter().map(|(key, group)| {
             let targets = replicas(&live, &key, rf);
-            let req = WriteRequest::from(&group);
+            let record = bytes::Bytes::from(fathom_proto::encode_write_request(&group));
             let group_tenant = group.tenant.clone();
             let group_profiles = group.profiles.len() as i64;
             async move {
                 let sends = targets.iter().map(|t| {
-                    let req = req.clone();
+                    let record = record.clone();
                     let span = tracing::info_span!(
                         "replica_write",
                         ingester = %t.id,
@@ -245,7 +247,7 @@ impl IngesterWriter for ReplicatedWriter {
                         profiles = group_profiles,
                         otel.kind = "client",
                     );
-                    async move { (t, self.client.write(t, req).await) }.instrument(span)
+                    async move { (t, self.client.write(t, record).await) }.instrument(span)
                 });
                 let results = futures::future::join_all(sends).await;
                 let mut ok = 0;
@@ -394,15 +396,18 @@ mod tests {
     struct Fake {
         down: HashSet<String>,
         got: Mutex<Vec<(String, usize)>>,
+        records: Mutex<Vec<bytes::Bytes>>,
     }
 
     #[async_trait::async_trait]
     impl ReplicaClient for Fake {
-        async fn write(&self, to: &IngesterAddr, req: WriteRequest) -> Result<(), ReplicaError> {
+        async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError> {
             if self.down.contains(&to.id) {
                 return Err(ReplicaError::Failed(format!("{} is down", to.id)));
             }
-            self.got.lock().push((to.id.clone(), req.profiles.len()));
+            let batch = fathom_proto::decode_write_request(&record).expect("a valid record");
+            self.got.lock().push((to.id.clone(), batch.profiles.len()));
+            self.records.lock().push(record);
             Ok(())
         }
     }
@@ -433,6 +438,7 @@ mod tests {
         let fake = Arc::new(Fake {
             down: down.iter().map(|s| s.to_string()).collect(),
             got: Mutex::new(Vec::new()),
+            records: Mutex::new(Vec::new()),
         });
         let w = ReplicatedWriter::new(
             Arc::new(StaticIngesters(members(live))),
@@ -450,6 +456,15 @@ mod tests {
         // Every profile on all three ingesters.
         let total: usize = fake.got.lock().iter().map(|g| g.1).sum();
         assert_eq!(total, 12);
+        // Each group is encoded once: its three replicas get the same
+        // bytes, the record of that group's batch (format 2).
+        let records = fake.records.lock().clone();
+        assert_eq!(records.len(), 12);
+        for r in &records {
+            assert_eq!(records.iter().filter(|x| *x == r).count(), 3);
+            let b = fathom_proto::decode_write_request(r).unwrap();
+            assert_eq!(b.profiles.len(), 1);
+        }
 
         let (w, _) = writer(&["ingester-1"], 3);
         w.write(batch(4)).await.expect("2 of 3 is a quorum");

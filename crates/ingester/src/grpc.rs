@@ -7,7 +7,7 @@ use tracing::Instrument;
 
 use fathom_model::IngestBatch;
 use fathom_proto::ingester::ingester_service_server::{IngesterService, IngesterServiceServer};
-use fathom_proto::ingester::{WriteRequest, WriteResponse};
+use fathom_proto::ingester::{Record, WriteRequest, WriteResponse};
 use tonic::{Request, Response, Status};
 
 use crate::{Error, Ingester};
@@ -20,7 +20,7 @@ pub fn write_service(ingester: Arc<Ingester>) -> IngesterServiceServer<WriteServ
 }
 
 /// See [`write_service`].
-pub struct WriteServer(Arc<Ingester>);
+pub struct WriteServer(pub(crate) Arc<Ingester>);
 
 #[tonic::async_trait]
 impl IngesterService for WriteServer {
@@ -37,15 +37,43 @@ impl IngesterService for WriteServer {
             samples = batch.sample_count() as i64,
             rows = tracing::field::Empty,
         );
-        match self.0.write(&batch).instrument(span.clone()).await {
-            Ok(rows) => {
-                span.record("rows", rows as i64);
-                Ok(Response::new(WriteResponse {}))
-            }
-            Err(e @ Error::ShuttingDown) => Err(Status::unavailable(e.to_string())),
-            // The tenant's own limit: the distributor passes it on, not retried.
-            Err(e @ Error::SeriesLimit { .. }) => Err(Status::resource_exhausted(e.to_string())),
-            Err(e) => Err(Status::unavailable(format!("ingester: {e}"))),
+        answer(self.0.write(batch).instrument(span.clone()).await, &span)
+    }
+
+    async fn write_record(
+        &self,
+        request: Request<Record>,
+    ) -> Result<Response<WriteResponse>, Status> {
+        let record = request.into_inner().record;
+        let span = tracing::info_span!(
+            "ingester_write",
+            bytes = record.len() as i64,
+            rows = tracing::field::Empty,
+        );
+        answer(
+            self.0.write_record(record).instrument(span.clone()).await,
+            &span,
+        )
+    }
+}
+
+/// The gRPC answer to a write's outcome.
+fn answer(
+    r: Result<usize, Error>,
+    span: &tracing::Span,
+) -> Result<Response<WriteResponse>, Status> {
+    match r {
+        Ok(rows) => {
+            span.record("rows", rows as i64);
+            Ok(Response::new(WriteResponse {}))
         }
+        Err(e @ Error::Record(_)) => Err(Status::invalid_argument(format!(
+            "{e}: {}",
+            std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
+        ))),
+        Err(e @ Error::ShuttingDown) => Err(Status::unavailable(e.to_string())),
+        // The tenant's own limit: the distributor passes it on, not retried.
+        Err(e @ Error::SeriesLimit { .. }) => Err(Status::resource_exhausted(e.to_string())),
+        Err(e) => Err(Status::unavailable(format!("ingester: {e}"))),
     }
 }

@@ -1,11 +1,9 @@
 //! The per-tenant in-memory head: what has been acknowledged and not yet
 //! cut into a block, in the same row layout as a block's sample table.
 
-use std::collections::{HashMap, HashSet};
-
 use arrow::array::RecordBatch;
 use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow, samples_schema};
-use fathom_model::{Id, IngestBatch, Symbols};
+use fathom_model::{IdMap, IdSet, IngestBatch, Symbols};
 
 /// Recent small sample batches are concatenated into one chunk when there
 /// are this many, so a head holds few batches without copying old data again.
@@ -14,9 +12,9 @@ const RECENT_BATCHES: usize = 64;
 /// One tenant's head.
 #[derive(Default)]
 pub(crate) struct TenantHead {
-    pub(crate) series: HashMap<Id, SeriesRow>,
+    pub(crate) series: IdMap<SeriesRow>,
     pub(crate) profiles: Vec<ProfileRow>,
-    profile_ids: HashSet<Id>,
+    profile_ids: IdSet,
     /// Concatenated chunks of earlier writes.
     pub(crate) samples: Vec<RecordBatch>,
     /// One batch per recent write.
@@ -29,7 +27,9 @@ pub(crate) struct TenantHead {
 impl TenantHead {
     /// Adds a batch; profiles whose id is already present are skipped
     /// (replays and retries are idempotent). Returns the samples added.
-    pub(crate) fn apply(&mut self, batch: &IngestBatch) -> usize {
+    /// Takes the batch by value: its symbols move into the head's table
+    /// (new entries only), nothing is cloned.
+    pub(crate) fn apply(&mut self, batch: IngestBatch) -> usize {
         let mut b = SamplesBuilder::with_capacity(batch.sample_count());
         for p in &batch.profiles {
             if !self.profile_ids.insert(p.id) {
@@ -60,7 +60,7 @@ impl TenantHead {
             return 0;
         }
         let before = self.symbols.stacks.len() + self.symbols.locations.len();
-        self.symbols.merge(&batch.symbols);
+        self.symbols.merge_owned(batch.symbols);
         let new_syms = self.symbols.stacks.len() + self.symbols.locations.len() - before;
         self.recent.push(b.finish());
         if self.recent.len() >= RECENT_BATCHES {

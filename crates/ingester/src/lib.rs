@@ -2,13 +2,22 @@
 //! recent data, and cuts blocks to object storage.
 //!
 //! ```text
-//! write(batch) ──► WAL append + fsync (group commit) ──► per-tenant head ──► ack
+//! write_record(bytes) ─ decode once (ids as sent) ─┐
+//! write(batch) ─ encode the record once ───────────┴► WAL append (the record's
+//!                bytes as received) + fsync (group commit) ──► per-tenant head ──► ack
 //!                                                           │ every flush interval,
 //!                                                           │ at the size limit, on shutdown
 //!                                                           ▼
 //!                      rotate WAL, freeze heads ──► encode Parquet (blocking pool)
 //!                      ──► upload files, meta.json last ──► block index ──► drop old WAL segments
 //! ```
+//!
+//! A distributor's write arrives as the encoded record it made once
+//! (`fathom_proto::encode_write_request`, format 2: every symbol with its
+//! content-addressed id): its bytes are the WAL record, and the head takes
+//! the ids as sent and the batch's symbols by move. Replay reads records of
+//! format 0 (ids recomputed) and 2, and refuses to start on any other
+//! ([`Error::RecordVersion`]).
 //!
 //! Invariants:
 //! - a write is acknowledged only after its WAL record is fsync'd, and the
@@ -38,13 +47,11 @@ use std::time::{Duration, Instant};
 
 use fathom_block::{BlockIndex, BlockMeta};
 use fathom_model::{Id, IngestBatch, Symbols, TenantId};
-use fathom_proto::ingester::WriteRequest;
 use object_store::ObjectStore;
 use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use prost::Message;
 
 pub use grpc::{WriteServer, write_service};
 pub use head::HeadSnapshot;
@@ -56,8 +63,21 @@ use wal::{Wal, WalMetrics};
 pub enum Error {
     #[error(transparent)]
     Wal(#[from] WalError),
-    #[error("wal record could not be decoded: {0}")]
-    Record(String),
+    #[error("write record could not be decoded")]
+    Record(#[source] fathom_proto::ConvertError),
+    /// A WAL record of a format this build does not know (written by a
+    /// newer build): replay stops rather than drop acknowledged data.
+    #[error(
+        "wal record {record} cannot be replayed by this build; start the version of fathom that \
+         wrote the wal (or move its wal directory away, losing its unflushed writes)"
+    )]
+    RecordVersion {
+        record: usize,
+        #[source]
+        source: fathom_proto::ConvertError,
+    },
+    #[error("block encoding task failed")]
+    EncodeTask(#[source] tokio::task::JoinError),
     #[error("block upload: {0}")]
     Block(#[from] fathom_block::Error),
     #[error("flush did not finish before its deadline; the data stays in the WAL")]
@@ -231,20 +251,29 @@ impl Ingester {
 
         let mut state = State::default();
         let mut bad = 0usize;
-        let (wal, replayed) =
-            Wal::open(
-                &cfg.data_dir.join("wal"),
-                m.wal.clone(),
-                |rec| match decode_record(rec) {
-                    Ok(batch) => {
-                        let h = state.active.entry(batch.tenant.to_string()).or_default();
-                        let before = h.bytes;
-                        h.apply(&batch);
-                        state.active_bytes += h.bytes - before;
-                    }
-                    Err(_) => bad += 1,
-                },
-            )?;
+        let mut seen = 0usize;
+        let mut unknown_version = None;
+        let (wal, replayed) = Wal::open(&cfg.data_dir.join("wal"), m.wal.clone(), |rec| {
+            seen += 1;
+            if unknown_version.is_some() {
+                return;
+            }
+            match fathom_proto::decode_write_request(rec) {
+                Ok(batch) => {
+                    let h = state.active.entry(batch.tenant.to_string()).or_default();
+                    let before = h.bytes;
+                    h.apply(batch);
+                    state.active_bytes += h.bytes - before;
+                }
+                Err(e @ fathom_proto::ConvertError::FormatVersion { .. }) => {
+                    unknown_version = Some((seen, e));
+                }
+                Err(_) => bad += 1,
+            }
+        })?;
+        if let Some((record, source)) = unknown_version {
+            return Err(Error::RecordVersion { record, source });
+        }
         if bad > 0 {
             tracing::error!(records = bad, "skipped undecodable wal records");
         }
@@ -313,7 +342,24 @@ impl Ingester {
     /// hold `max_head_memory` bytes or more (concurrent writes may each add
     /// one batch beyond it), and with [`Error::SeriesLimit`] when it would
     /// take its tenant over its series limit.
-    pub async fn write(&self, batch: &IngestBatch) -> Result<usize, Error> {
+    pub async fn write(&self, batch: IngestBatch) -> Result<usize, Error> {
+        let rec = fathom_proto::encode_write_request(&batch);
+        self.write_batch(batch, rec.into()).await
+    }
+
+    /// [`Ingester::write`] of a replicated record: the encoded
+    /// `WriteRequest` a distributor sent (format 2: ids computed by the
+    /// distributor), appended to the WAL exactly as received and applied
+    /// to the head without recomputing any id. An undecodable record is
+    /// refused ([`Error::Record`]) before anything is written.
+    pub async fn write_record(&self, record: bytes::Bytes) -> Result<usize, Error> {
+        let batch = fathom_proto::decode_write_request(&record).map_err(Error::Record)?;
+        self.write_batch(batch, record).await
+    }
+
+    /// Appends `rec`, the encoding of `batch`, to the WAL, then applies
+    /// `batch` to its tenant's head.
+    async fn write_batch(&self, batch: IngestBatch, rec: bytes::Bytes) -> Result<usize, Error> {
         let held = self.state.read().held();
         if held >= self.cfg.max_head_memory {
             self.m.head_full.inc();
@@ -322,10 +368,10 @@ impl Ingester {
                 limit: self.cfg.max_head_memory,
             });
         }
-        self.check_series(batch)?;
-        let rec = fathom_proto::encode_write_request(batch);
+        self.check_series(&batch)?;
         let _g = self.gate.read().await;
         self.wal.append(rec).await?;
+        let profiles = batch.profiles.len();
         let mut st = self.state.write();
         let h = st.active.entry(batch.tenant.to_string()).or_default();
         let before = h.bytes;
@@ -334,7 +380,7 @@ impl Ingester {
         st.active_bytes += grown;
         self.m.head_bytes.set(st.active_bytes as i64);
         self.m.head_memory.set(st.held() as i64);
-        self.m.profiles.inc_by(batch.profiles.len() as u64);
+        self.m.profiles.inc_by(profiles as u64);
         self.m.samples.inc_by(added as u64);
         Ok(added)
     }
@@ -445,7 +491,7 @@ impl Ingester {
         let data = head.to_block(tenant.to_owned(), self.cfg.name.clone());
         let (meta, files) = tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
             .await
-            .map_err(|e| Error::Record(format!("encode task failed: {e}")))??;
+            .map_err(Error::EncodeTask)??;
         let mut backoff = Duration::from_millis(200);
         loop {
             match fathom_block::write_block(self.store.as_ref(), &meta, files.clone()).await {
@@ -510,11 +556,6 @@ impl Ingester {
     pub fn wal_disk_bytes(&self) -> u64 {
         self.wal.disk_bytes()
     }
-}
-
-fn decode_record(rec: &[u8]) -> Result<IngestBatch, Error> {
-    let req = WriteRequest::decode(rec).map_err(|e| Error::Record(e.to_string()))?;
-    IngestBatch::try_from(req).map_err(|e| Error::Record(e.to_string()))
 }
 
 #[cfg(test)]
@@ -594,11 +635,11 @@ mod tests {
         let t = TenantId::new("t1").unwrap();
         {
             let ing = open(dir.path(), store.clone(), index.clone());
-            assert_eq!(ing.write(&batch("t1", 1, 5)).await.unwrap(), 1);
-            assert_eq!(ing.write(&batch("t1", 2, 7)).await.unwrap(), 1);
+            assert_eq!(ing.write(batch("t1", 1, 5)).await.unwrap(), 1);
+            assert_eq!(ing.write(batch("t1", 2, 7)).await.unwrap(), 1);
             // The same profile id again is a no-op.
-            assert_eq!(ing.write(&batch("t1", 2, 7)).await.unwrap(), 0);
-            assert_eq!(ing.write(&batch("t2", 3, 100)).await.unwrap(), 1);
+            assert_eq!(ing.write(batch("t1", 2, 7)).await.unwrap(), 0);
+            assert_eq!(ing.write(batch("t2", 3, 100)).await.unwrap(), 1);
             assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 12);
             // Tenants never see each other's heads.
             assert_eq!(
@@ -648,7 +689,7 @@ mod tests {
             &mut Registry::default(),
         )
         .unwrap();
-        ing.write(&batch("t1", 1, 5)).await.unwrap();
+        ing.write(batch("t1", 1, 5)).await.unwrap();
         let err = ing
             .flush(Some(Instant::now() + Duration::from_millis(300)))
             .await
@@ -722,7 +763,7 @@ mod tests {
             .unwrap()
         };
         let ing = open_flaky(index.clone());
-        ing.write(&batch("t1", 1, 5)).await.unwrap();
+        ing.write(batch("t1", 1, 5)).await.unwrap();
         let err = ing
             .flush(Some(Instant::now() + Duration::from_millis(300)))
             .await
@@ -859,7 +900,7 @@ mod tests {
                 seed < 1000,
                 "the cap of {limit} bytes never refused a write"
             );
-            match ing.write(&batch("t1", seed, 1)).await {
+            match ing.write(batch("t1", seed, 1)).await {
                 Ok(_) => acked += 1,
                 Err(e) => break e,
             }
@@ -879,7 +920,7 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, Error::FlushDeadline), "{err}");
         assert!(matches!(
-            ing.write(&batch("t1", 5000, 1)).await,
+            ing.write(batch("t1", 5000, 1)).await,
             Err(Error::HeadFull { .. })
         ));
         assert_eq!(
@@ -893,12 +934,106 @@ mod tests {
         // accepted again.
         store.down.store(false, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(ing.flush(None).await.unwrap().len(), 1);
-        ing.write(&batch("t1", 6000, 1)).await.unwrap();
+        ing.write(batch("t1", 6000, 1)).await.unwrap();
         acked += 1;
         assert_eq!(ing.flush(None).await.unwrap().len(), 1);
         let blocks = index.blocks("t1", 0, i64::MAX).await.unwrap();
         let stored: u64 = blocks.iter().map(|b| b.stats.samples).sum();
         assert_eq!(stored, acked as u64, "every acknowledged write is stored");
+    }
+
+    /// What a distributor sends (the record `fathom_proto::encode_write_request`
+    /// makes of its batch, as `ReplicatedWriter` sends it) is what the
+    /// ingester stores: the WAL record is the same bytes, and the head
+    /// holds the batch with the ids as sent.
+    #[tokio::test]
+    async fn a_replicated_record_is_stored_as_received() {
+        use fathom_proto::ingester::Record;
+        use fathom_proto::ingester::ingester_service_server::IngesterService;
+        let dir = tempfile::tempdir().unwrap();
+        let ing = open(
+            dir.path(),
+            Arc::new(InMemory::new()),
+            Arc::new(MemoryIndex::default()),
+        );
+        let sent_batch = batch("t1", 1, 5);
+        let sent = bytes::Bytes::from(fathom_proto::encode_write_request(&sent_batch));
+        let server = WriteServer(ing.clone());
+        server
+            .write_record(tonic::Request::new(Record {
+                record: sent.clone(),
+            }))
+            .await
+            .unwrap();
+        assert_eq!(
+            wal::read_records(&dir.path().join("wal")),
+            vec![sent.to_vec()]
+        );
+        let t = TenantId::new("t1").unwrap();
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
+        let stack = sent_batch.profiles[0].samples[0].stack;
+        assert_eq!(ing.symbols(&t, &[stack]), sent_batch.symbols);
+        // A record that is not a WriteRequest is refused, nothing stored.
+        let err = server
+            .write_record(tonic::Request::new(Record {
+                record: bytes::Bytes::from_static(b"\xff\xff not protobuf"),
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        assert_eq!(wal::read_records(&dir.path().join("wal")).len(), 1);
+    }
+
+    /// A WAL written by the first record format (format 0: no symbol ids)
+    /// replays, the ids recomputed, to the same head; a record of a format
+    /// this build does not know stops the start with an error that says
+    /// what to do, instead of dropping acknowledged data.
+    #[tokio::test]
+    async fn replays_a_first_format_wal_and_refuses_an_unknown_format() {
+        use fathom_proto::ingester::WriteRequest;
+        use prost::Message;
+        let dir = tempfile::tempdir().unwrap();
+        let b = batch("t1", 1, 5);
+        let v0 = fathom_proto::write_request_format0(&b);
+        let wal_dir = dir.path().join("wal");
+        wal::write_segment(&wal_dir, 1, &[&v0.encode_to_vec()]);
+        let store = Arc::new(InMemory::new());
+        let index = Arc::new(MemoryIndex::default());
+        let ing = open(dir.path(), store.clone(), index.clone());
+        let t = TenantId::new("t1").unwrap();
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
+        let stack = b.profiles[0].samples[0].stack;
+        assert_eq!(ing.symbols(&t, &[stack]), b.symbols);
+        drop(ing);
+        std::thread::sleep(Duration::from_millis(50));
+
+        let mut future = WriteRequest::from(&b);
+        future.format_version = fathom_proto::WRITE_FORMAT + 1;
+        wal::write_segment(&wal_dir, 100, &[&future.encode_to_vec()]);
+        let err = Ingester::open(
+            Config {
+                data_dir: dir.path().to_owned(),
+                name: "test".into(),
+                flush_interval: Duration::from_secs(3600),
+                max_head_bytes: 1 << 30,
+                max_head_memory: 1 << 30,
+            },
+            store,
+            index,
+            &mut Registry::default(),
+        )
+        .err()
+        .expect("an unknown record format refuses the start");
+        assert!(
+            matches!(err, Error::RecordVersion { record: 2, .. }),
+            "{err}"
+        );
+        let source = std::error::Error::source(&err).unwrap().to_string();
+        assert!(
+            err.to_string().contains("cannot be replayed by this build")
+                && source.contains("format version 3"),
+            "{err}: {source}"
+        );
     }
 
     /// A batch of one profile of series `svc` of `tenant`.
@@ -924,10 +1059,10 @@ mod tests {
         ing.set_series_limit(Arc::new(move |t: &TenantId| {
             (t.as_str() == "t1").then(|| l.load(std::sync::atomic::Ordering::SeqCst))
         }));
-        ing.write(&series_batch("t1", 1, "a")).await.unwrap();
-        ing.write(&series_batch("t1", 2, "b")).await.unwrap();
+        ing.write(series_batch("t1", 1, "a")).await.unwrap();
+        ing.write(series_batch("t1", 2, "b")).await.unwrap();
         let wal = ing.wal_disk_bytes();
-        let err = ing.write(&series_batch("t1", 3, "c")).await.unwrap_err();
+        let err = ing.write(series_batch("t1", 3, "c")).await.unwrap_err();
         assert!(
             matches!(&err, Error::SeriesLimit { tenant, limit: 2, series: 2, new: 1 } if tenant.as_str() == "t1"),
             "{err}"
@@ -949,25 +1084,25 @@ mod tests {
         let mut mixed = series_batch("t1", 4, "a");
         mixed.profiles.extend(series_batch("t1", 5, "d").profiles);
         assert!(matches!(
-            ing.write(&mixed).await,
+            ing.write(mixed).await,
             Err(Error::SeriesLimit { new: 1, .. })
         ));
         assert_eq!(ing.snapshot(&t1, 0, i64::MAX).profiles.len(), 2);
         // Existing series still take writes.
-        assert_eq!(ing.write(&series_batch("t1", 6, "a")).await.unwrap(), 1);
+        assert_eq!(ing.write(series_batch("t1", 6, "a")).await.unwrap(), 1);
         // Another tenant is not limited.
         for (i, svc) in ["a", "b", "c", "d"].iter().enumerate() {
-            ing.write(&series_batch("t2", 10 + i as u64, svc))
+            ing.write(series_batch("t2", 10 + i as u64, svc))
                 .await
                 .unwrap();
         }
         // A raised limit applies to the next write.
         limit.store(3, std::sync::atomic::Ordering::SeqCst);
-        ing.write(&series_batch("t1", 7, "c")).await.unwrap();
-        assert!(ing.write(&series_batch("t1", 8, "d")).await.is_err());
+        ing.write(series_batch("t1", 7, "c")).await.unwrap();
+        assert!(ing.write(series_batch("t1", 8, "d")).await.is_err());
         // Once the head is cut, its series no longer count.
         ing.flush(None).await.unwrap();
-        ing.write(&series_batch("t1", 8, "d")).await.unwrap();
+        ing.write(series_batch("t1", 8, "d")).await.unwrap();
         assert_eq!(ing.snapshot(&t1, 0, i64::MAX).series.len(), 1);
     }
 

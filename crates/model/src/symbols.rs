@@ -1,6 +1,4 @@
-use std::collections::HashMap;
-
-use crate::ids::{Id, IdHasher};
+use crate::ids::{Id, IdHasher, IdMap};
 
 /// A function as pprof describes it. Its id hashes every field.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
@@ -96,10 +94,10 @@ impl Stack {
 /// content-addressed ids. Merging two tables is a union by id.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Symbols {
-    pub stacks: HashMap<Id, Stack>,
-    pub locations: HashMap<Id, Location>,
-    pub functions: HashMap<Id, Function>,
-    pub mappings: HashMap<Id, Mapping>,
+    pub stacks: IdMap<Stack>,
+    pub locations: IdMap<Location>,
+    pub functions: IdMap<Function>,
+    pub mappings: IdMap<Mapping>,
 }
 
 impl Symbols {
@@ -209,6 +207,23 @@ impl Symbols {
                 format!("{base}+0x{offset:x}")
             }
             _ => format!("0x{:x}", loc.address),
+        }
+    }
+
+    /// [`Symbols::merge`] that moves `other`'s entries in instead of
+    /// cloning them: what a head does with each write's table.
+    pub fn merge_owned(&mut self, other: Symbols) {
+        for (k, v) in other.stacks {
+            self.stacks.entry(k).or_insert(v);
+        }
+        for (k, v) in other.locations {
+            self.locations.entry(k).or_insert(v);
+        }
+        for (k, v) in other.functions {
+            self.functions.entry(k).or_insert(v);
+        }
+        for (k, v) in other.mappings {
+            self.mappings.entry(k).or_insert(v);
         }
     }
 
@@ -358,6 +373,10 @@ mod tests {
         m.merge(&s);
         m.merge(&s);
         assert_eq!(m, s);
+        let mut owned = Symbols::default();
+        owned.merge_owned(s.clone());
+        owned.merge_owned(s.clone());
+        assert_eq!(owned, s);
         assert_eq!(m.frames(&st), s.frames(&st));
     }
 }

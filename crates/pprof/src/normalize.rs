@@ -333,7 +333,7 @@ pub fn sanitize_label_name(key: &str) -> Option<String> {
 
 struct Series {
     labels: Labels,
-    slot_of: HashMap<Id, u32>,
+    slot_of: fathom_model::IdMap<u32>,
     stacks: Vec<Id>,
     /// `stacks.len() × types` sums, row-major.
     values: Vec<i64>,
@@ -587,7 +587,7 @@ impl<'a> Normalizer<'a> {
                             }
                             series.push(Series {
                                 labels: labels.clone(),
-                                slot_of: HashMap::new(),
+                                slot_of: fathom_model::IdMap::default(),
                                 stacks: Vec::new(),
                                 values: Vec::new(),
                             });

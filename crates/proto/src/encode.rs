@@ -1,7 +1,8 @@
 //! [`encode_write_request`]: a `WriteRequest` written straight from the
 //! model.
 //!
-//! The ingester's WAL record is the protobuf `WriteRequest` of each write.
+//! The ingester's WAL record is the protobuf `WriteRequest` of each write,
+//! encoded once by the distributor and stored by each replica as received.
 //! Building the prost message first copies every string, id and sample of
 //! the batch into new allocations only to encode and drop them (12% of
 //! the ingest benchmark's CPU, docs/benchmarks.md); this writes the same
@@ -87,6 +88,7 @@ fn function_len(f: &model::Function) -> usize {
         + bytes_len(2, f.system_name.as_bytes())
         + bytes_len(3, f.filename.as_bytes())
         + varint_len(4, f.start_line as u64)
+        + delimited_len(5, 16)
 }
 
 fn mapping_len(m: &model::Mapping) -> usize {
@@ -95,6 +97,7 @@ fn mapping_len(m: &model::Mapping) -> usize {
         + varint_len(3, m.file_offset)
         + bytes_len(4, m.filename.as_bytes())
         + bytes_len(5, m.build_id.as_bytes())
+        + delimited_len(6, 16)
 }
 
 fn line_len(l: &model::Line) -> usize {
@@ -102,20 +105,27 @@ fn line_len(l: &model::Line) -> usize {
 }
 
 fn location_len(l: &model::Location) -> usize {
-    bytes_len(1, &l.mapping.0) + varint_len(2, l.address) + repeated_len(3, &l.lines, line_len)
+    bytes_len(1, &l.mapping.0)
+        + varint_len(2, l.address)
+        + repeated_len(3, &l.lines, line_len)
+        + delimited_len(4, 16)
 }
 
 fn stack_len(s: &model::Stack) -> usize {
-    // Repeated bytes: every element is written, even an empty one.
-    s.locations
-        .iter()
-        .map(|l| delimited_len(1, l.0.len()))
-        .sum()
+    delimited_len(2, 16)
+        + if s.locations.is_empty() {
+            0
+        } else {
+            delimited_len(3, 16 * s.locations.len())
+        }
 }
 
-/// The bytes of `WriteRequest::from(b).encode_to_vec()`, without building
-/// the message: same fields, same order (the symbol maps' iteration
-/// order), proto3 defaults omitted the way prost omits them.
+/// The bytes of `WriteRequest::from(b).encode_to_vec()` (format
+/// [`WRITE_FORMAT`](crate::WRITE_FORMAT): every symbol with its id), without
+/// building the message: same fields, same order (the symbol maps'
+/// iteration order), proto3 defaults omitted the way prost omits them.
+/// An id is 16 bytes, never empty, so prost writes it too (it omits only
+/// empty `bytes`).
 pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
     let s = &b.symbols;
     let types: Vec<String> = b
@@ -134,7 +144,8 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         + repeated_len(3, s.functions.values(), function_len)
         + repeated_len(4, s.mappings.values(), mapping_len)
         + repeated_len(5, s.locations.values(), location_len)
-        + repeated_len(6, s.stacks.values(), stack_len);
+        + repeated_len(6, s.stacks.values(), stack_len)
+        + varint_len(7, u64::from(crate::WRITE_FORMAT));
     let mut buf = Vec::with_capacity(total);
     put_bytes(&mut buf, 1, b.tenant.as_str().as_bytes());
     for ((p, t), &len) in b.profiles.iter().zip(&types).zip(&profile_lens) {
@@ -155,22 +166,24 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
             put_varint(&mut buf, 2, x.value as u64);
         }
     }
-    for f in s.functions.values() {
+    for (id, f) in &s.functions {
         put_header(&mut buf, 3, function_len(f));
         put_bytes(&mut buf, 1, f.name.as_bytes());
         put_bytes(&mut buf, 2, f.system_name.as_bytes());
         put_bytes(&mut buf, 3, f.filename.as_bytes());
         put_varint(&mut buf, 4, f.start_line as u64);
+        put_bytes(&mut buf, 5, &id.0);
     }
-    for m in s.mappings.values() {
+    for (id, m) in &s.mappings {
         put_header(&mut buf, 4, mapping_len(m));
         put_varint(&mut buf, 1, m.memory_start);
         put_varint(&mut buf, 2, m.memory_limit);
         put_varint(&mut buf, 3, m.file_offset);
         put_bytes(&mut buf, 4, m.filename.as_bytes());
         put_bytes(&mut buf, 5, m.build_id.as_bytes());
+        put_bytes(&mut buf, 6, &id.0);
     }
-    for l in s.locations.values() {
+    for (id, l) in &s.locations {
         put_header(&mut buf, 5, location_len(l));
         put_bytes(&mut buf, 1, &l.mapping.0);
         put_varint(&mut buf, 2, l.address);
@@ -179,14 +192,19 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
             put_bytes(&mut buf, 1, &x.function.0);
             put_varint(&mut buf, 2, x.line as u64);
         }
+        put_bytes(&mut buf, 4, &id.0);
     }
-    for st in s.stacks.values() {
+    for (id, st) in &s.stacks {
         put_header(&mut buf, 6, stack_len(st));
-        for l in &st.locations {
-            put_header(&mut buf, 1, l.0.len());
-            buf.extend_from_slice(&l.0);
+        put_bytes(&mut buf, 2, &id.0);
+        if !st.locations.is_empty() {
+            put_header(&mut buf, 3, 16 * st.locations.len());
+            for l in &st.locations {
+                buf.extend_from_slice(&l.0);
+            }
         }
     }
+    put_varint(&mut buf, 7, u64::from(crate::WRITE_FORMAT));
     debug_assert_eq!(buf.len(), total);
     buf
 }

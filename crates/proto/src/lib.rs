@@ -15,15 +15,30 @@
 //!   sends to ingesters; the ingester's write-ahead log stores the same
 //!   message, so replay and network writes share one decoder;
 //!   [`encode_write_request`] writes that message's bytes straight from an
-//!   [`IngestBatch`](fathom_model::IngestBatch).
+//!   [`IngestBatch`](fathom_model::IngestBatch), once per write, and
+//!   [`decode_write_request`] reads them back.
 //!
-//! Conversion from the wire recomputes every content-addressed id from the
-//! content, so a sender can never make two processes disagree on an id.
+//! Record format versions ([`WRITE_FORMAT`]): in format 2 every symbol
+//! carries the content-addressed id the distributor computed (a stack's
+//! location ids are one packed field), and the
+//! receiver takes it as sent (the ingester's write API is only open to
+//! holders of the cluster secret, and every process computes ids with the
+//! same code); format 0, the first one, has no ids and the receiver
+//! recomputes them from the content, which is how a WAL written before
+//! format 2 replays. Any other version is refused with
+//! [`ConvertError::FormatVersion`].
 
 #[allow(unreachable_pub, clippy::all)]
 mod encode;
 
 pub use encode::encode_write_request;
+
+/// The format version of the `WriteRequest`s this build writes: symbols
+/// carry their ids (see the crate documentation).
+pub const WRITE_FORMAT: u32 = 2;
+
+/// The first format: no symbol ids, recomputed by the receiver.
+pub const WRITE_FORMAT_V0: u32 = 0;
 
 pub mod pprof {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
@@ -92,6 +107,39 @@ pub enum ConvertError {
     UnknownLocation { index: usize, index_in_stack: usize },
     #[error("sample refers to a stack the request does not define")]
     UnknownStack,
+    #[error(
+        "write request format version {version} is not known to this build (it reads {WRITE_FORMAT_V0} \
+         and {WRITE_FORMAT}): written by a newer version of fathom?"
+    )]
+    FormatVersion { version: u32 },
+    #[error("write request is not a valid protobuf message")]
+    Decode(#[from] prost::DecodeError),
+}
+
+/// `b` as a `WriteRequest` of the first format (format 0: no symbol ids,
+/// one element per location id in stacks), as WALs written before format 2
+/// hold it; for tests and benchmarks of their replay.
+pub fn write_request_format0(b: &model::IngestBatch) -> ingester::WriteRequest {
+    let mut r = ingester::WriteRequest::from(b);
+    r.format_version = WRITE_FORMAT_V0;
+    r.functions.iter_mut().for_each(|f| f.id.clear());
+    r.mappings.iter_mut().for_each(|m| m.id.clear());
+    r.locations.iter_mut().for_each(|l| l.id.clear());
+    for s in &mut r.stacks {
+        s.id.clear();
+        s.location_ids = std::mem::take(&mut s.locations)
+            .chunks(16)
+            .map(<[u8]>::to_vec)
+            .collect();
+    }
+    r
+}
+
+/// Decodes the bytes of a `WriteRequest` (a WAL record, a replicated write)
+/// into a batch; see [`WRITE_FORMAT`] for which ids are taken as sent.
+pub fn decode_write_request(record: &[u8]) -> Result<model::IngestBatch, ConvertError> {
+    let req = <ingester::WriteRequest as prost::Message>::decode(record)?;
+    model::IngestBatch::try_from(req)
 }
 
 fn id(what: &'static str, b: &[u8]) -> Result<Id, ConvertError> {
@@ -132,29 +180,31 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
                 .collect(),
             functions: s
                 .functions
-                .values()
-                .map(|f| ingester::Function {
+                .iter()
+                .map(|(id, f)| ingester::Function {
                     name: f.name.clone(),
                     system_name: f.system_name.clone(),
                     filename: f.filename.clone(),
                     start_line: f.start_line,
+                    id: id.0.to_vec(),
                 })
                 .collect(),
             mappings: s
                 .mappings
-                .values()
-                .map(|m| ingester::Mapping {
+                .iter()
+                .map(|(id, m)| ingester::Mapping {
                     memory_start: m.memory_start,
                     memory_limit: m.memory_limit,
                     file_offset: m.file_offset,
                     filename: m.filename.clone(),
                     build_id: m.build_id.clone(),
+                    id: id.0.to_vec(),
                 })
                 .collect(),
             locations: s
                 .locations
-                .values()
-                .map(|l| ingester::Location {
+                .iter()
+                .map(|(id, l)| ingester::Location {
                     mapping_id: l.mapping.0.to_vec(),
                     address: l.address,
                     lines: l
@@ -165,15 +215,19 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
                             line: x.line,
                         })
                         .collect(),
+                    id: id.0.to_vec(),
                 })
                 .collect(),
             stacks: s
                 .stacks
-                .values()
-                .map(|st| ingester::Stack {
-                    location_ids: st.locations.iter().map(|l| l.0.to_vec()).collect(),
+                .iter()
+                .map(|(id, st)| ingester::Stack {
+                    location_ids: Vec::new(),
+                    id: id.0.to_vec(),
+                    locations: st.locations.iter().flat_map(|l| l.0).collect(),
                 })
                 .collect(),
+            format_version: WRITE_FORMAT,
         }
     }
 }
@@ -182,24 +236,43 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
     type Error = ConvertError;
 
     fn try_from(r: ingester::WriteRequest) -> Result<Self, ConvertError> {
+        let trusted = match r.format_version {
+            WRITE_FORMAT => true,
+            WRITE_FORMAT_V0 => false,
+            version => return Err(ConvertError::FormatVersion { version }),
+        };
         let tenant = model::TenantId::new(&r.tenant)?;
         let mut symbols = model::Symbols::default();
+        symbols.functions.reserve(r.functions.len());
+        symbols.mappings.reserve(r.mappings.len());
+        symbols.locations.reserve(r.locations.len());
+        symbols.stacks.reserve(r.stacks.len());
         for f in r.functions {
-            symbols.add_function(model::Function {
+            let func = model::Function {
                 name: f.name,
                 system_name: f.system_name,
                 filename: f.filename,
                 start_line: f.start_line,
-            });
+            };
+            if trusted {
+                symbols.functions.insert(id("function", &f.id)?, func);
+            } else {
+                symbols.add_function(func);
+            }
         }
         for m in r.mappings {
-            symbols.add_mapping(model::Mapping {
+            let mapping = model::Mapping {
                 memory_start: m.memory_start,
                 memory_limit: m.memory_limit,
                 file_offset: m.file_offset,
                 filename: m.filename,
                 build_id: m.build_id,
-            });
+            };
+            if trusted {
+                symbols.mappings.insert(id("mapping", &m.id)?, mapping);
+            } else {
+                symbols.add_mapping(mapping);
+            }
         }
         for l in r.locations {
             let lines = l
@@ -212,30 +285,55 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
                     })
                 })
                 .collect::<Result<_, ConvertError>>()?;
-            symbols.add_location(model::Location {
+            let loc = model::Location {
                 mapping: id("mapping", &l.mapping_id)?,
                 address: l.address,
                 lines,
-            });
+            };
+            if trusted {
+                symbols.locations.insert(id("location", &l.id)?, loc);
+            } else {
+                symbols.add_location(loc);
+            }
         }
         for (index, st) in r.stacks.iter().enumerate() {
-            let locations = st
-                .location_ids
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    let lid = id("location", b)?;
-                    if symbols.locations.contains_key(&lid) {
-                        Ok(lid)
-                    } else {
-                        Err(ConvertError::UnknownLocation {
-                            index,
-                            index_in_stack: i,
-                        })
-                    }
-                })
-                .collect::<Result<_, ConvertError>>()?;
-            symbols.add_stack(model::Stack { locations });
+            let check = |(i, lid): (usize, Id)| {
+                if symbols.locations.contains_key(&lid) {
+                    Ok(lid)
+                } else {
+                    Err(ConvertError::UnknownLocation {
+                        index,
+                        index_in_stack: i,
+                    })
+                }
+            };
+            let locations = if trusted {
+                if st.locations.len() % 16 != 0 {
+                    return Err(ConvertError::IdLength {
+                        what: "stack locations",
+                        len: st.locations.len(),
+                    });
+                }
+                st.locations
+                    .chunks_exact(16)
+                    .map(|c| Id(c.try_into().expect("16-byte chunk")))
+                    .enumerate()
+                    .map(check)
+                    .collect::<Result<_, ConvertError>>()?
+            } else {
+                st.location_ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| Ok((i, id("location", b)?)))
+                    .map(|r| r.and_then(check))
+                    .collect::<Result<_, ConvertError>>()?
+            };
+            let stack = model::Stack { locations };
+            if trusted {
+                symbols.stacks.insert(id("stack", &st.id)?, stack);
+            } else {
+                symbols.add_stack(stack);
+            }
         }
         let profiles = r
             .profiles
@@ -317,8 +415,33 @@ mod tests {
             symbols,
         };
         let wire = ingester::WriteRequest::from(&batch);
-        let back = model::IngestBatch::try_from(wire).unwrap();
+        assert_eq!(wire.format_version, WRITE_FORMAT);
+        let back = model::IngestBatch::try_from(wire.clone()).unwrap();
         assert_eq!(back, batch);
+
+        // Format 0, the first one (a WAL written before format 2): no ids,
+        // recomputed from the content, to the same batch.
+        let v0 = write_request_format0(&batch);
+        assert!(v0.stacks.iter().all(|s| s.locations.is_empty()));
+        let v0_bytes = prost::Message::encode_to_vec(&v0);
+        assert_eq!(decode_write_request(&v0_bytes).unwrap(), batch);
+
+        // Format 2 takes the ids as sent: no re-hashing.
+        let mut forged = wire.clone();
+        forged.functions[0].id = vec![7; 16];
+        forged.locations[0].lines[0].function_id = vec![7; 16];
+        let got = model::IngestBatch::try_from(forged).unwrap();
+        assert!(got.symbols.functions.contains_key(&Id([7; 16])));
+
+        // A version this build does not know is refused, and says so.
+        let mut future = wire;
+        future.format_version = 3;
+        let err = decode_write_request(&prost::Message::encode_to_vec(&future)).unwrap_err();
+        assert!(matches!(err, ConvertError::FormatVersion { version: 3 }));
+        assert!(
+            err.to_string().contains("format version 3") && err.to_string().contains("newer"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -173,7 +173,7 @@ struct LocalWriter(Arc<Ingester>);
 #[async_trait::async_trait]
 impl IngesterWriter for LocalWriter {
     async fn write(&self, batch: IngestBatch) -> Result<(), WriteError> {
-        self.0.write(&batch).await.map(|_| ()).map_err(|e| match e {
+        self.0.write(batch).await.map(|_| ()).map_err(|e| match e {
             fathom_ingester::Error::SeriesLimit { .. } => WriteError::Limit {
                 limit: "max_series",
                 message: e.to_string(),

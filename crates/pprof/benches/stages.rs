@@ -1,0 +1,224 @@
+//! The ingest write path stage by stage, on the real corpus, one thread:
+//! MB/s of uncompressed pprof through each stage, next to a bare prost
+//! decode of the same bytes. Small enough to build with the `bench-fast`
+//! profile in minutes (it needs only this crate, `fathom-proto` and
+//! `fathom-model`), unlike the macro benchmark.
+//!
+//! ```sh
+//! cargo bench -p fathom-pprof --profile bench-fast --bench stages
+//! ```
+//!
+//! The ingester's stages are measured both ways the code still supports:
+//! a record of format 0 (no symbol ids: the ingester re-hashes every
+//! symbol and encodes its own WAL record, what a cluster ingester did
+//! before format 2) and of format 2 (ids as sent, the received bytes are
+//! the WAL record: one decode).
+
+/// The allocator of `fathom`'s server roles (cmd/src/alloc.rs), so that
+/// allocation costs what it costs in the server.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::path::Path;
+use std::time::Instant;
+
+use fathom_model::{IngestBatch, Labels, TenantId};
+use fathom_pprof::{Limits, NormalizeOptions, decode, normalize};
+use prost::Message;
+
+/// Every protobuf pprof of the corpus with an expectation, uncompressed.
+fn corpus() -> Vec<Vec<u8>> {
+    use std::io::Read;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/pprof");
+    let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv")).expect("corpus manifest");
+    let mut out = Vec::new();
+    for line in manifest.lines().skip(1) {
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() < 18 || f[17].is_empty() || !f[4].starts_with("pprof-proto") {
+            continue;
+        }
+        let Ok(b) = std::fs::read(dir.join(f[0])) else {
+            continue;
+        };
+        if b.starts_with(&[0x1f, 0x8b]) {
+            let mut u = Vec::new();
+            if flate2::read::GzDecoder::new(&b[..])
+                .read_to_end(&mut u)
+                .is_ok()
+            {
+                out.push(u);
+            }
+        } else {
+            out.push(b);
+        }
+    }
+    out
+}
+
+/// Runs `pass` over the corpus for about `secs`; MB/s of `bytes` per pass.
+fn rate(bytes: usize, secs: f64, mut pass: impl FnMut() -> usize) -> f64 {
+    std::hint::black_box(pass());
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed().as_secs_f64() < secs {
+        std::hint::black_box(pass());
+        n += 1;
+    }
+    (bytes as f64 * n as f64) / 1e6 / t0.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let secs: f64 = std::env::var("FATHOM_BENCH_STAGE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    let files = corpus();
+    let total: usize = files.iter().map(Vec::len).sum();
+    println!(
+        "info: {} corpus files, {:.1} MB uncompressed",
+        files.len(),
+        total as f64 / 1e6
+    );
+    let limits = Limits::default();
+    let opts = NormalizeOptions {
+        labels: Labels::from_pairs([("service_name", "bench")]).unwrap(),
+        ..Default::default()
+    };
+    let tenant = TenantId::new("bench").unwrap();
+    let decoded: Vec<_> = files
+        .iter()
+        .map(|b| decode(b, &limits).expect("corpus pprof"))
+        .collect();
+    let batches: Vec<IngestBatch> = decoded
+        .iter()
+        .map(|p| {
+            let n = normalize(p, &opts).expect("corpus pprof");
+            IngestBatch {
+                tenant: tenant.clone(),
+                profiles: n.profiles,
+                symbols: n.symbols,
+            }
+        })
+        .collect();
+    let v2: Vec<Vec<u8>> = batches
+        .iter()
+        .map(fathom_proto::encode_write_request)
+        .collect();
+    let v0: Vec<Vec<u8>> = batches
+        .iter()
+        .map(|b| fathom_proto::write_request_format0(b).encode_to_vec())
+        .collect();
+
+    // Rounds interleave the stages, so that a change in the machine's load
+    // (it is shared) shows up as spread rather than as one stage's figure.
+    let rounds: usize = std::env::var("FATHOM_BENCH_STAGE_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let mut all: Vec<[f64; 7]> = Vec::new();
+    for _ in 0..rounds {
+        let prost = rate(total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    fathom_proto::pprof::Profile::decode(&b[..])
+                        .unwrap()
+                        .sample
+                        .len()
+                })
+                .sum()
+        });
+        let dec = rate(total, secs, || {
+            files
+                .iter()
+                .map(|b| decode(b, &limits).unwrap().sample.len())
+                .sum()
+        });
+        let norm = rate(total, secs, || {
+            decoded
+                .iter()
+                .map(|p| normalize(p, &opts).unwrap().profiles.len())
+                .sum()
+        });
+        let enc = rate(total, secs, || {
+            batches
+                .iter()
+                .map(|b| fathom_proto::encode_write_request(b).len())
+                .sum()
+        });
+        let distributor = rate(total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    let p = decode(b, &limits).unwrap();
+                    let n = normalize(&p, &opts).unwrap();
+                    let batch = IngestBatch {
+                        tenant: tenant.clone(),
+                        profiles: n.profiles,
+                        symbols: n.symbols,
+                    };
+                    fathom_proto::encode_write_request(&batch).len()
+                })
+                .sum()
+        });
+        let ingester_v0 = rate(total, secs, || {
+            v0.iter()
+                .map(|r| {
+                    let b = fathom_proto::decode_write_request(r).unwrap();
+                    fathom_proto::encode_write_request(&b).len()
+                })
+                .sum()
+        });
+        let ingester_v2 = rate(total, secs, || {
+            v2.iter()
+                .map(|r| {
+                    fathom_proto::decode_write_request(r)
+                        .unwrap()
+                        .profiles
+                        .len()
+                })
+                .sum()
+        });
+        all.push([prost, dec, norm, enc, distributor, ingester_v0, ingester_v2]);
+    }
+    let median = |i: usize| {
+        let mut v: Vec<f64> = all.iter().map(|r| r[i]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let spread = |i: usize| {
+        let v: Vec<String> = all.iter().map(|r| format!("{:.1}", r[i])).collect();
+        v.join(" / ")
+    };
+    let [prost, dec, norm, enc, distributor, ingester_v0, ingester_v2] =
+        std::array::from_fn(median);
+    // The ratio of each round's figure to the same round's prost decode.
+    let ratio = |i: usize| {
+        let mut v: Vec<f64> = all.iter().map(|r| r[i] / r[0]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+
+    let figure = |name: &str, i: usize, v: f64| {
+        println!(
+            "figure stage_{name}: {v:.1} MB/s of uncompressed pprof on one thread, median of {rounds} rounds ({}); {:.2}x a bare prost decode of the same round",
+            spread(i),
+            ratio(i),
+        );
+    };
+    figure("prost_decode", 0, prost);
+    figure("pprof_decode", 1, dec);
+    figure("normalize", 2, norm);
+    figure("encode_record", 3, enc);
+    figure("distributor_decode_normalize_encode", 4, distributor);
+    figure("ingester_record_format0_rehash_reencode", 5, ingester_v0);
+    figure("ingester_record_format2_as_received", 6, ingester_v2);
+    // The time per byte of the stages add up: a cluster write costs the
+    // distributor's pass plus one ingester pass per replica.
+    let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);
+    println!(
+        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 2 (distributor + 3 ingester decodes; WAL, head and network not included)",
+        per_write(ingester_v0),
+        per_write(ingester_v2),
+    );
+}
