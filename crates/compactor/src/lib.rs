@@ -287,9 +287,25 @@ pub async fn merge(
             profiles,
             samples,
             symbols,
+            rollup_widths_nanos: Vec::new(),
         },
         duplicates,
     ))
+}
+
+/// The rollup bucket widths of a block written by a job of `level`: hours
+/// always, days as well when the output window spans a day or more (so
+/// that a month is read from day totals and the edges from hour totals).
+pub fn rollup_widths(windows: &[Duration], level: u32) -> Vec<i64> {
+    let window = windows
+        .get(level as usize)
+        .or(windows.last())
+        .map_or(0, |w| i64::try_from(w.as_nanos()).unwrap_or(i64::MAX));
+    let mut out = vec![fathom_block::HOUR_NANOS];
+    if window >= fathom_block::DAY_NANOS {
+        out.push(fathom_block::DAY_NANOS);
+    }
+    out
 }
 
 /// The compactor.
@@ -389,6 +405,7 @@ impl Compactor {
         // One above the job's level: a block that crossed its own window
         // joined a higher level's job, and a top-level source stays top.
         data.level = job.level + 1;
+        data.rollup_widths_nanos = rollup_widths(&self.cfg.windows, job.level);
         let (mut meta, files) =
             tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
                 .await
@@ -687,6 +704,7 @@ mod tests {
             profiles: rows,
             samples: vec![sb.finish()],
             symbols,
+            rollup_widths_nanos: Vec::new(),
         };
         let (meta, files) = fathom_block::encode_block(&data).unwrap();
         fathom_block::write_block(store, &meta, files)
@@ -734,6 +752,7 @@ mod tests {
             profile_types: vec![],
             stats: Default::default(),
             created_at_ms: 0,
+            rollup_widths_nanos: Vec::new(),
         };
         let blocks = vec![
             mk("a", 0, T0, T0 + 10),

@@ -30,6 +30,7 @@ pub(crate) struct Metrics {
     pub(crate) cache_misses: Counter,
     pub(crate) rows: Counter,
     pub(crate) sql_sources: Counter,
+    pub(crate) rollup_reads: Counter,
 }
 
 impl Metrics {
@@ -43,6 +44,7 @@ impl Metrics {
             cache_misses: Counter::default(),
             rows: Counter::default(),
             sql_sources: Counter::default(),
+            rollup_reads: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("fathom_querier");
         r.register("queries", "Queries executed", m.queries.clone());
@@ -66,6 +68,11 @@ impl Metrics {
             "sql_scanned_sources",
             "Heads and blocks read by SQL scans of profiles and samples (after time and label pushdown)",
             m.sql_sources.clone(),
+        );
+        r.register(
+            "rollup_reads",
+            "Blocks whose whole hours or days a merge read from rollup.parquet instead of raw samples",
+            m.rollup_reads.clone(),
         );
         m
     }
@@ -106,7 +113,7 @@ pub struct RangeSeries {
 
 enum SourceKind {
     Head(Vec<RecordBatch>),
-    Block(BlockMeta),
+    Block(Box<BlockMeta>),
 }
 
 struct Source {
@@ -128,6 +135,24 @@ fn id_lit(id: &Id) -> Expr {
 
 fn time_ok(t: i64, start: i64, end: i64) -> bool {
     t >= start && t <= end
+}
+
+/// For each inclusive span, whether it overlaps no other span.
+fn alone_spans(spans: &[(i64, i64)]) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_unstable_by_key(|&i| spans[i].0);
+    let mut out = vec![false; spans.len()];
+    let mut max_before = i64::MIN;
+    for (k, &i) in order.iter().enumerate() {
+        let (min, max) = spans[i];
+        let before = k > 0 && max_before >= min;
+        let after = order.get(k + 1).is_some_and(|&j| spans[j].0 <= max);
+        out[i] = !before && !after;
+        if k == 0 || max > max_before {
+            max_before = max;
+        }
+    }
+    out
 }
 
 impl Plan {
@@ -194,11 +219,27 @@ impl Querier {
             profiles: 0,
             period: 0,
         };
+        // Copies of a profile sit in sources whose time spans overlap (the
+        // profile id covers its time): a source that overlaps no other one
+        // holds no copy of another's profiles, and skips the id set (a
+        // month of compacted blocks is millions of profiles).
+        let mut spans: Vec<(i64, i64)> = heads
+            .iter()
+            .map(|h| {
+                let min = h.profiles.iter().map(|p| p.time_nanos).min();
+                let max = h.profiles.iter().map(|p| p.time_nanos).max();
+                (min.unwrap_or(i64::MAX), max.unwrap_or(i64::MIN))
+            })
+            .collect();
+        spans.extend(blocks.iter().map(|b| (b.min_time_nanos, b.max_time_nanos)));
+        let alone = alone_spans(&spans);
+        let mut alone = alone.into_iter();
         let mut seen: HashSet<Id> = HashSet::new();
         let mut add = |plan: &mut Plan,
                        kind: SourceKind,
                        series: &[SeriesRow],
-                       profiles: &[fathom_block::ProfileRow]| {
+                       profiles: &[fathom_block::ProfileRow],
+                       alone: bool| {
             let mut matched: HashSet<Id> = HashSet::new();
             for s in series {
                 if s.min_time_nanos <= end
@@ -218,7 +259,7 @@ impl Querier {
                 if !matched.contains(&p.series_id) || !time_ok(p.time_nanos, start, end) {
                     continue;
                 }
-                if seen.insert(p.profile_id) {
+                if alone || seen.insert(p.profile_id) {
                     any = true;
                     plan.profiles += 1;
                     plan.period = plan.period.max(p.period);
@@ -240,15 +281,18 @@ impl Querier {
                 profiles,
                 samples,
             } = h;
-            add(&mut plan, SourceKind::Head(samples), &series, &profiles);
+            let a = alone.next().unwrap_or(false);
+            add(&mut plan, SourceKind::Head(samples), &series, &profiles, a);
         }
         for b in blocks {
             let info = self.block_info(&b).await?;
+            let a = alone.next().unwrap_or(false);
             add(
                 &mut plan,
-                SourceKind::Block(b),
+                SourceKind::Block(Box::new(b)),
                 &info.series,
                 &info.profiles,
+                a,
             );
         }
         span.record("profiles", plan.profiles as i64);
@@ -305,6 +349,121 @@ impl Querier {
         Ok(out.map(|df| (ctx, df)))
     }
 
+    /// `(stack_id, value)` rows whose sum per stack is the merge of the
+    /// plan: each block with rollups and no replica copies to skip gives
+    /// the totals of its whole buckets inside `[start, end]` (days, then
+    /// hours) and its raw samples for the rest; every other source its raw
+    /// samples.
+    pub(crate) async fn merge_frame(
+        &self,
+        plan: &Plan,
+        start: i64,
+        end: i64,
+    ) -> Result<Option<(SessionContext, DataFrame)>, QueryError> {
+        let config = SessionConfig::new()
+            .with_target_partitions(2)
+            .with_batch_size(8192)
+            .set_bool("datafusion.execution.parquet.pushdown_filters", true);
+        let ctx = SessionContext::new_with_config_rt(config, self.inner.runtime.clone());
+        let schema = samples_schema();
+        let rollup_schema = fathom_block::rollup_schema();
+        let mut out: Option<DataFrame> = None;
+        let mut push = |df: DataFrame| -> Result<(), QueryError> {
+            let df = df.select(vec![col("stack_id"), col("value")])?;
+            out = Some(match out.take() {
+                None => df,
+                Some(acc) => acc.union(df)?,
+            });
+            Ok(())
+        };
+        for src in &plan.sources {
+            let series_in =
+                col("series_id").in_list(src.series.iter().map(id_lit).collect(), false);
+            let raw_time = |a: i64, b: i64| {
+                col("time_nanos")
+                    .gt_eq(lit(a))
+                    .and(col("time_nanos").lt_eq(lit(b)))
+            };
+            match &src.kind {
+                SourceKind::Head(b) => {
+                    if b.is_empty() {
+                        continue;
+                    }
+                    let mut pred = raw_time(start, end).and(series_in);
+                    if !src.exclude.is_empty() {
+                        pred = pred.and(
+                            col("profile_id")
+                                .in_list(src.exclude.iter().map(id_lit).collect(), true),
+                        );
+                    }
+                    push(ctx.read_batches(b.clone())?.filter(pred)?)?;
+                }
+                SourceKind::Block(m) => {
+                    let cover = if self.inner.cfg.use_rollups && src.exclude.is_empty() {
+                        fathom_block::Cover::plan(start, end, &m.rollup_widths_nanos)
+                    } else {
+                        fathom_block::Cover {
+                            rollups: Vec::new(),
+                            raw: vec![(start, end)],
+                        }
+                    };
+                    if !cover.rollups.is_empty() {
+                        self.inner.metrics.rollup_reads.inc();
+                        let path = format!(
+                            "{STORE_URL}/{}",
+                            fathom_block::block_file(&m.tenant, &m.id, files::ROLLUP)
+                        );
+                        let buckets = cover
+                            .rollups
+                            .iter()
+                            .map(|&(w, from, to)| {
+                                col("bucket_width_nanos")
+                                    .eq(lit(w))
+                                    .and(col("bucket_start_nanos").gt_eq(lit(from)))
+                                    .and(col("bucket_start_nanos").lt(lit(to)))
+                            })
+                            .reduce(Expr::or);
+                        if let Some(buckets) = buckets {
+                            let df = ctx
+                                .read_parquet(
+                                    path,
+                                    ParquetReadOptions::default().schema(&rollup_schema),
+                                )
+                                .await?
+                                .filter(series_in.clone().and(buckets))?;
+                            push(df)?;
+                        }
+                    }
+                    let Some(times) = cover
+                        .raw
+                        .iter()
+                        .map(|&(a, b)| raw_time(a, b))
+                        .reduce(Expr::or)
+                    else {
+                        continue;
+                    };
+                    let path = format!(
+                        "{STORE_URL}/{}",
+                        fathom_block::block_file(&m.tenant, &m.id, files::SAMPLES)
+                    );
+                    let mut pred = times.and(series_in);
+                    if !src.exclude.is_empty() {
+                        pred = pred.and(
+                            col("profile_id")
+                                .in_list(src.exclude.iter().map(id_lit).collect(), true),
+                        );
+                    }
+                    let df = ctx
+                        .read_parquet(path, ParquetReadOptions::default().schema(&schema))
+                        .await?
+                        .filter(pred)?;
+                    push(df)?;
+                }
+            }
+        }
+        Ok(out.map(|df| (ctx, df)))
+    }
+
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl std::future::Future<Output = Result<T, QueryError>> + Send + 'static,
@@ -343,7 +502,7 @@ impl Querier {
         self.run(async move {
             let plan = this.plan(&tenant2, &sel, start, end).await?;
             let mut samples = Vec::new();
-            if let Some((_ctx, df)) = this.frame(&plan, start, end).await? {
+            if let Some((_ctx, df)) = this.merge_frame(&plan, start, end).await? {
                 let batches = df
                     .aggregate(
                         vec![col("stack_id")],

@@ -35,6 +35,8 @@ mod http;
 mod pyroscope;
 mod remote;
 mod render;
+#[cfg(test)]
+mod rollup_tests;
 mod sql;
 
 use std::collections::HashMap;
@@ -146,6 +148,10 @@ pub struct Config {
     pub block_cache_entries: usize,
     /// SQL (Flight SQL) limits.
     pub sql: SqlConfig,
+    /// Merges read the middle of a range from compacted blocks' rollups
+    /// (stack totals per hour and day) instead of raw samples. Off only to
+    /// compare the two (benchmarks, tests).
+    pub use_rollups: bool,
 }
 
 impl Default for Config {
@@ -156,6 +162,7 @@ impl Default for Config {
             max_flame_nodes: 65_536,
             block_cache_entries: 256,
             sql: SqlConfig::default(),
+            use_rollups: true,
         }
     }
 }
@@ -305,6 +312,20 @@ impl Querier {
 /// unit tests.
 #[cfg(test)]
 pub(crate) fn test_querier(index: Arc<dyn BlockIndex>) -> Querier {
+    test_querier_on(
+        Config::default(),
+        index,
+        Arc::new(object_store::memory::InMemory::new()),
+    )
+}
+
+/// A querier over no heads, `index` and `store`, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_querier_on(
+    cfg: Config,
+    index: Arc<dyn BlockIndex>,
+    store: Arc<dyn ObjectStore>,
+) -> Querier {
     struct NoHeads;
 
     #[async_trait::async_trait]
@@ -323,10 +344,10 @@ pub(crate) fn test_querier(index: Arc<dyn BlockIndex>) -> Querier {
     }
 
     Querier::new(
-        Config::default(),
+        cfg,
         Arc::new(NoHeads),
         index,
-        Arc::new(object_store::memory::InMemory::new()),
+        store,
         executor::Executor::new(1).unwrap(),
         &mut prometheus_client::registry::Registry::default(),
     )
