@@ -17,6 +17,8 @@
 //! sources, so the job taken again overwrites the same files instead of
 //! leaking a second copy.
 
+pub mod import;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -787,6 +789,16 @@ mod tests {
         );
     }
 
+    #[test]
+    fn rollups_are_hours_and_days_from_day_windows() {
+        let w = Config::default().windows;
+        let (h, d) = (fathom_block::HOUR_NANOS, fathom_block::DAY_NANOS);
+        assert_eq!(rollup_widths(&w, 0), vec![h]);
+        assert_eq!(rollup_widths(&w, 1), vec![h, d]);
+        assert_eq!(rollup_widths(&w, 7), vec![h, d], "past the top level");
+        assert_eq!(rollup_widths(&[], 0), vec![h]);
+    }
+
     #[tokio::test]
     async fn replicas_merge_into_one_block_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -824,6 +836,27 @@ mod tests {
             .map(|(p, v)| (Id::from_u128(p), v))
             .collect();
         assert_eq!(t, want, "every profile once");
+        // Level 1 (hour windows): hour rollups, with each profile once.
+        assert_eq!(b.rollup_widths_nanos, vec![fathom_block::HOUR_NANOS]);
+        let rollup = store
+            .get(&fathom_block::block_file(
+                &b.tenant,
+                &b.id,
+                fathom_block::files::ROLLUP,
+            ))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let rows: usize =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(rollup)
+                .unwrap()
+                .build()
+                .unwrap()
+                .map(|b| b.unwrap().num_rows())
+                .sum();
+        assert!(rows > 0 && rows <= 3, "{rows} rollup rows");
         let syms = fathom_block::read_symbols(store.as_ref(), b).await.unwrap();
         assert_eq!(syms.functions.len(), 3, "symbol tables merged");
 
