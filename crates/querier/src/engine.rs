@@ -7,14 +7,17 @@ use tracing::Instrument;
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use datafusion::common::ScalarValue;
+use datafusion::execution::memory_pool::{
+    GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
+};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::functions_aggregate::expr_fn::{count_distinct, sum};
 use datafusion::prelude::*;
 use fathom_block::{BlockMeta, SeriesRow, files, samples_schema};
 use fathom_model::{Id, Labels, ProfileType, Selector, Symbols, TenantId};
-use object_store::ObjectStore;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -31,6 +34,11 @@ pub(crate) struct Metrics {
     pub(crate) rows: Counter,
     pub(crate) sql_sources: Counter,
     pub(crate) rollup_reads: Counter,
+    /// Bytes reserved by the DataFusion operators of running queries.
+    pub(crate) memory: Gauge,
+    pub(crate) cancelled: Counter,
+    pub(crate) timed_out: Counter,
+    pub(crate) over_memory: Counter,
 }
 
 impl Metrics {
@@ -45,6 +53,10 @@ impl Metrics {
             rows: Counter::default(),
             sql_sources: Counter::default(),
             rollup_reads: Counter::default(),
+            memory: Gauge::default(),
+            cancelled: Counter::default(),
+            timed_out: Counter::default(),
+            over_memory: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("fathom_querier");
         r.register("queries", "Queries executed", m.queries.clone());
@@ -74,15 +86,96 @@ impl Metrics {
             "Blocks whose whole hours or days a merge read from rollup.parquet instead of raw samples",
             m.rollup_reads.clone(),
         );
+        r.register(
+            "query_memory_bytes",
+            "Bytes reserved by the operators of running merge, range and diff queries (under each query's memory limit)",
+            m.memory.clone(),
+        );
+        r.register(
+            "queries_cancelled",
+            "Queries stopped because their client went away",
+            m.cancelled.clone(),
+        );
+        r.register(
+            "queries_timed_out",
+            "Queries stopped at their timeout",
+            m.timed_out.clone(),
+        );
+        r.register(
+            "queries_over_memory",
+            "Queries refused for needing more than their memory limit",
+            m.over_memory.clone(),
+        );
         m
     }
 }
 
-pub(crate) fn runtime_env(store: Arc<dyn ObjectStore>) -> Result<Arc<RuntimeEnv>, QueryError> {
-    let rt = RuntimeEnvBuilder::new().build_arc()?;
-    let url = ObjectStoreUrl::parse(STORE_URL)?;
-    rt.register_object_store(url.as_ref(), store);
-    Ok(rt)
+/// A query's memory pool: a greedy pool of the query's limit that also
+/// counts its reservations into `fathom_querier_query_memory_bytes`, so
+/// that the gauge shows what running queries hold (and that a cancelled
+/// query gives it back).
+#[derive(Debug)]
+struct MeteredPool {
+    inner: GreedyMemoryPool,
+    gauge: Gauge,
+}
+
+impl std::fmt::Display for MeteredPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "metered({})", self.inner)
+    }
+}
+
+fn as_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl MemoryPool for MeteredPool {
+    fn name(&self) -> &str {
+        "fathom_query"
+    }
+    fn register(&self, c: &MemoryConsumer) {
+        self.inner.register(c)
+    }
+    fn unregister(&self, c: &MemoryConsumer) {
+        self.inner.unregister(c)
+    }
+    fn grow(&self, r: &MemoryReservation, additional: usize) {
+        self.inner.grow(r, additional);
+        self.gauge.inc_by(as_i64(additional));
+    }
+    fn shrink(&self, r: &MemoryReservation, shrink: usize) {
+        self.inner.shrink(r, shrink);
+        self.gauge.dec_by(as_i64(shrink));
+    }
+    fn try_grow(&self, r: &MemoryReservation, additional: usize) -> datafusion::error::Result<()> {
+        self.inner.try_grow(r, additional)?;
+        self.gauge.inc_by(as_i64(additional));
+        Ok(())
+    }
+    fn reserved(&self) -> usize {
+        self.inner.reserved()
+    }
+    fn memory_limit(&self) -> MemoryLimit {
+        self.inner.memory_limit()
+    }
+}
+
+/// Stops the query task when the request that waits for it goes away
+/// (a client that disconnects drops the request's future).
+struct AbortOnDrop {
+    handle: tokio::task::AbortHandle,
+    done: bool,
+    cancelled: Counter,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if !self.done {
+            self.handle.abort();
+            self.cancelled.inc();
+        }
+    }
 }
 
 /// A merged profile: the total value per stack.
@@ -311,7 +404,7 @@ impl Querier {
             .with_target_partitions(2)
             .with_batch_size(8192)
             .set_bool("datafusion.execution.parquet.pushdown_filters", true);
-        let ctx = SessionContext::new_with_config_rt(config, self.inner.runtime.clone());
+        let ctx = SessionContext::new_with_config_rt(config, self.query_runtime()?);
         let schema = samples_schema();
         let mut out: Option<DataFrame> = None;
         for src in &plan.sources {
@@ -364,7 +457,7 @@ impl Querier {
             .with_target_partitions(2)
             .with_batch_size(8192)
             .set_bool("datafusion.execution.parquet.pushdown_filters", true);
-        let ctx = SessionContext::new_with_config_rt(config, self.inner.runtime.clone());
+        let ctx = SessionContext::new_with_config_rt(config, self.query_runtime()?);
         let schema = samples_schema();
         let rollup_schema = fathom_block::rollup_schema();
         let mut out: Option<DataFrame> = None;
@@ -464,18 +557,74 @@ impl Querier {
         Ok(out.map(|df| (ctx, df)))
     }
 
+    /// A runtime for one query: its own memory pool of the query memory
+    /// limit (the tenant's, else the flag), metered.
+    pub(crate) fn query_runtime(&self) -> Result<Arc<RuntimeEnv>, QueryError> {
+        let limit = self.sql_config().memory_limit;
+        let pool = MeteredPool {
+            inner: GreedyMemoryPool::new(limit),
+            gauge: self.inner.metrics.memory.clone(),
+        };
+        let rt = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(pool))
+            .build_arc()?;
+        let url = ObjectStoreUrl::parse(STORE_URL)?;
+        rt.register_object_store(url.as_ref(), self.inner.store.clone());
+        Ok(rt)
+    }
+
+    /// Runs a query on the query runtime under the request's limits: its
+    /// memory pool ([`Querier::query_runtime`]), its timeout, and
+    /// cancellation when the caller goes away.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl std::future::Future<Output = Result<T, QueryError>> + Send + 'static,
     ) -> Result<T, QueryError> {
         let timer = std::time::Instant::now();
         self.inner.metrics.queries.inc();
-        let r = self
-            .inner
-            .exec
-            .run(f.instrument(tracing::info_span!("query_execute")))
-            .await
-            .map_err(|e| QueryError::Task(e.to_string()))?;
+        let cfg = self.sql_config();
+        let f = f.instrument(tracing::info_span!("query_execute"));
+        // The tenant's limits follow the query onto the query runtime.
+        let task = match fathom_api::auth::request_limits() {
+            Some(l) => self
+                .inner
+                .exec
+                .spawn_handle(fathom_api::auth::with_request_limits(l, f)),
+            None => self.inner.exec.spawn_handle(f),
+        };
+        let mut guard = AbortOnDrop {
+            handle: task.abort_handle(),
+            done: false,
+            cancelled: self.inner.metrics.cancelled.clone(),
+        };
+        let r = tokio::time::timeout(cfg.timeout, task).await;
+        guard.done = true;
+        let r = match r {
+            Err(_) => {
+                guard.handle.abort();
+                self.inner.metrics.timed_out.inc();
+                return Err(QueryError::Timeout(format!(
+                    "the query ran past its timeout of {} (query timeout) and was cancelled; narrow its time range or selector",
+                    humantime::format_duration(cfg.timeout)
+                )));
+            }
+            Ok(r) => r.map_err(|e| QueryError::Task(e.to_string()))?,
+        };
+        let r = r.map_err(|e| match e {
+            QueryError::DataFusion(e)
+                if matches!(
+                    e.find_root(),
+                    datafusion::error::DataFusionError::ResourcesExhausted(_)
+                ) =>
+            {
+                self.inner.metrics.over_memory.inc();
+                QueryError::ResourcesExhausted(format!(
+                    "the query needs more memory than its limit of {} (query memory limit); narrow its time range or selector: {e}",
+                    bytesize::ByteSize(cfg.memory_limit as u64)
+                ))
+            }
+            e => e,
+        });
         self.inner
             .metrics
             .duration

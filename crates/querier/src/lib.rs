@@ -80,6 +80,12 @@ pub enum QueryError {
     Index(String),
     #[error("query task failed: {0}")]
     Task(String),
+    /// Over the query memory limit (tenant's or flag's).
+    #[error("{0}")]
+    ResourcesExhausted(String),
+    /// Past the query timeout (tenant's or flag's); the work was stopped.
+    #[error("{0}")]
+    Timeout(String),
 }
 
 impl From<fathom_block::IndexError> for QueryError {
@@ -92,6 +98,10 @@ impl From<QueryError> for fathom_api::ApiError {
     fn from(e: QueryError) -> Self {
         match e {
             QueryError::BadRequest(m) => fathom_api::ApiError::BadRequest(m),
+            // Per-tenant query limits (429, as the API's other limits).
+            QueryError::ResourcesExhausted(m) | QueryError::Timeout(m) => {
+                fathom_api::ApiError::RateLimited(m)
+            }
             QueryError::Head(m) => fathom_api::ApiError::Unavailable(m),
             QueryError::Index(m) => {
                 fathom_api::ApiError::Unavailable(format!("listing blocks: {m}"))
@@ -226,7 +236,6 @@ pub(crate) struct Inner {
     pub(crate) index: Arc<dyn BlockIndex>,
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) exec: Executor,
-    pub(crate) runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
     pub(crate) block_info: Mutex<Lru<BlockInfo>>,
     pub(crate) block_symbols: Mutex<Lru<Symbols>>,
     pub(crate) metrics: engine::Metrics,
@@ -242,7 +251,6 @@ impl Querier {
         exec: Executor,
         registry: &mut prometheus_client::registry::Registry,
     ) -> Result<Self, QueryError> {
-        let runtime = engine::runtime_env(store.clone())?;
         let metrics = engine::Metrics::register(registry);
         Ok(Querier {
             inner: Arc::new(Inner {
@@ -253,7 +261,6 @@ impl Querier {
                 index,
                 store,
                 exec,
-                runtime,
                 metrics,
                 symbolizer: std::sync::OnceLock::new(),
             }),

@@ -214,3 +214,88 @@ async fn rollup_merges_equal_raw_merges_on_the_corpus() {
     assert!(reads > 0, "the rollups were never read");
     assert_eq!(raw.inner.metrics.rollup_reads.get(), 0);
 }
+
+/// Waits (bounded) until no running query holds memory.
+async fn memory_released(q: &crate::Querier) -> i64 {
+    for _ in 0..200 {
+        if q.inner.metrics.memory.get() == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    q.inner.metrics.memory.get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_over_their_limits_fail_clearly_and_the_querier_keeps_serving() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (metas, all) = history(store.as_ref()).await;
+    let index = Arc::new(MemoryIndex::new(metas));
+    // Raw samples only: the most work per query.
+    let q = test_querier_on(
+        Config {
+            use_rollups: false,
+            ..Config::default()
+        },
+        index,
+        store,
+    );
+    let tenant = TenantId::new("t").unwrap();
+    let pt = all[0].profile_type.to_string();
+    let sel = Selector::parse(&format!("{pt}{{service_name=\"svc\"}}")).unwrap();
+    let (start, end) = (0, i64::MAX - 1);
+    let limits = |memory: Option<usize>, timeout: Option<std::time::Duration>| {
+        fathom_api::auth::TenantLimits {
+            query_memory: memory,
+            query_timeout: timeout,
+            ..Default::default()
+        }
+    };
+
+    // Over the memory limit: a clear error, mapped to 429.
+    let e = fathom_api::auth::with_request_limits(
+        limits(Some(64), None),
+        q.merge(&tenant, &sel, start, end),
+    )
+    .await
+    .err()
+    .expect("64 bytes are not enough for a merge");
+    assert!(
+        matches!(e, crate::QueryError::ResourcesExhausted(_)),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("query memory limit"), "{e}");
+    let api = fathom_api::ApiError::from(e);
+    assert!(matches!(api, fathom_api::ApiError::RateLimited(_)));
+    assert_eq!(q.inner.metrics.over_memory.get(), 1);
+    assert_eq!(memory_released(&q).await, 0);
+
+    // Past the timeout: a clear error; the work is stopped.
+    let e = fathom_api::auth::with_request_limits(
+        limits(None, Some(std::time::Duration::from_nanos(1))),
+        q.merge(&tenant, &sel, start, end),
+    )
+    .await
+    .err()
+    .expect("a merge takes more than a nanosecond");
+    assert!(matches!(e, crate::QueryError::Timeout(_)), "{e:?}");
+    assert!(e.to_string().contains("timeout of 1ns"), "{e}");
+    assert_eq!(q.inner.metrics.timed_out.get(), 1);
+    assert_eq!(memory_released(&q).await, 0);
+
+    // A caller that goes away (an HTTP client disconnecting drops the
+    // request's future) cancels the query, which gives its memory back.
+    let gone = tokio::time::timeout(
+        std::time::Duration::from_millis(1),
+        q.merge(&tenant, &sel, start, end),
+    )
+    .await;
+    assert!(gone.is_err(), "the merge finished within 1 ms");
+    assert_eq!(q.inner.metrics.cancelled.get(), 1);
+    assert_eq!(memory_released(&q).await, 0);
+
+    // And the querier still answers, exactly.
+    let m = q.merge(&tenant, &sel, start, end).await.unwrap();
+    let got: Vec<(Id, i64)> = m.samples.iter().copied().filter(|s| s.1 != 0).collect();
+    assert_eq!(got, expected(&all, &pt, start, end));
+}
