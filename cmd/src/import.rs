@@ -3,7 +3,6 @@
 //! registers them with the metastore when one is given.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -140,15 +139,25 @@ pub(crate) async fn run(a: ImportArgs) -> anyhow::Result<()> {
         let mut files = Vec::new();
         walk(dir, &mut files)?;
         files.sort();
+        let mut skipped = 0usize;
         for f in files {
             match read_profile(&f, &labels) {
-                Ok(Some(n)) => {
+                Ok((_, Some(n))) => {
                     profiles += n.profiles.len();
                     importer.add(&n.profiles, &n.symbols).await?;
                 }
-                Ok(None) => {}
-                Err(e) => anyhow::bail!("{}: {e:#}", f.display()),
+                Ok((_, None)) => {}
+                // A file without a profile's name that is not a pprof
+                // either (a README, an expectation file) is skipped.
+                Err((false, e)) => {
+                    tracing::warn!(file = %f.display(), error = %format!("{e:#}"), "skipped: not a profile");
+                    skipped += 1;
+                }
+                Err((true, e)) => anyhow::bail!("{}: {e:#}", f.display()),
             }
+        }
+        if skipped > 0 {
+            println!("skipped {skipped} files that are not profiles");
         }
     } else {
         anyhow::bail!("give --dir <directory of profiles> or --synthetic");
@@ -192,16 +201,30 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One file's profiles; `None` for a file that is not a profile by name.
-fn read_profile(path: &Path, labels: &Labels) -> anyhow::Result<Option<fathom_pprof::Normalized>> {
+/// One file's profiles. A file named like a profile must be one (the
+/// error says so: `(true, e)`); any other file is tried as a pprof and may
+/// fail (`(false, e)`).
+fn read_profile(
+    path: &Path,
+    labels: &Labels,
+) -> Result<(bool, Option<fathom_pprof::Normalized>), (bool, anyhow::Error)> {
     let name = path.to_string_lossy().to_lowercase();
     let is_jfr = name.ends_with(".jfr") || name.ends_with(".jfr.gz");
     let is_pprof = [".pb.gz", ".pb", ".pprof", ".pprof.gz", ".prof"]
         .iter()
         .any(|s| name.ends_with(s));
-    if !is_jfr && !is_pprof {
-        return Ok(None);
-    }
+    let named = is_jfr || is_pprof;
+    read_named(path, &name, is_jfr, labels)
+        .map(|n| (named, n))
+        .map_err(|e| (named, e))
+}
+
+fn read_named(
+    path: &Path,
+    name: &str,
+    is_jfr: bool,
+    labels: &Labels,
+) -> anyhow::Result<Option<fathom_pprof::Normalized>> {
     let bytes = std::fs::read(path)?;
     let mtime = std::fs::metadata(path)?
         .modified()
@@ -209,7 +232,7 @@ fn read_profile(path: &Path, labels: &Labels) -> anyhow::Result<Option<fathom_pp
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .and_then(|d| i64::try_from(d.as_nanos()).ok());
     let seed = IdHasher::new("import-file")
-        .str(&name)
+        .str(name)
         .bytes(&bytes)
         .finish();
     let limits = fathom_pprof::Limits::default();
