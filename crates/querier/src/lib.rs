@@ -15,12 +15,19 @@
 //!  DataFusion (dedicated runtime): union of head batches and block
 //!  samples.parquet (read through the foyer block file cache,
 //!  [`CachedStore`]), filtered by series, time and duplicate profiles,
-//!  grouped by stack (merge) or by series and step (range)
+//!  grouped by stack (merge) or by series and step (range); a merge reads
+//!  the whole days and hours of compacted blocks from their rollup.parquet
+//!  and raw samples only for the edges (`fathom_block::Cover`)
 //!        │
 //!        ▼
 //!  resolve stack ids with head and block symbol tables → render
 //!  (folded, top, flame graph, pprof, diff)
 //! ```
+//!
+//! Every merge, range and diff query runs on the query runtime under its
+//! own memory pool (the query memory limit, metered in
+//! `fathom_querier_query_memory_bytes`) and the query timeout, and is
+//! stopped when its caller goes away.
 //!
 //! Invariants: every answer is scoped to one tenant; a profile id is counted
 //! once whatever number of heads and blocks hold it (replicas, a head being
