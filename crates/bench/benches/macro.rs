@@ -64,7 +64,12 @@ async fn start_with(dir: &Path, tenants_file: Option<&Path>, max_head_bytes: usi
         inflight: Default::default(),
         shutdown_flush_timeout: Duration::from_secs(600),
         limits: Default::default(),
-        querier: Default::default(),
+        querier: fathom_server::QuerierConfig {
+            // FATHOM_BENCH_NO_ROLLUPS=1: merges read raw samples only (to
+            // compare with the rollups in one machine's figures).
+            use_rollups: std::env::var_os("FATHOM_BENCH_NO_ROLLUPS").is_none(),
+            ..Default::default()
+        },
         query_threads: 2,
         compaction: Default::default(),
         cache: fathom_server::CacheConfig {
