@@ -13,6 +13,7 @@ use fathom_server::{AllConfig, ObjectStoreConfig, StoreKind};
 mod alloc;
 mod cluster;
 mod debuginfo;
+mod import;
 
 #[global_allocator]
 static GLOBAL: alloc::RoleAllocator = alloc::RoleAllocator;
@@ -66,6 +67,9 @@ enum Command {
     /// Reads a secret (a token or password) on stdin and prints the hash to
     /// put in the tenants file.
     HashSecret(HashSecretArgs),
+    /// Writes blocks straight into the object store (backfill): a directory
+    /// of pprof/JFR files, or a generated history (--synthetic).
+    Import(import::ImportArgs),
 }
 
 #[derive(Args)]
@@ -475,6 +479,7 @@ async fn main() -> anyhow::Result<()> {
                 .context("fathom agent");
         }
         Command::Debuginfo(_) => "debuginfo",
+        Command::Import(_) => "import",
         Command::All(_) => "all",
         Command::Metastore(_) => "metastore",
         Command::Ingester(_) => "ingester",
@@ -518,6 +523,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Compactor(a) => cluster::compactor(a, shutdown_signal()).await?,
         Command::HashSecret(a) => hash_secret(&a)?,
         Command::Debuginfo(a) => debuginfo::run(a).await?,
+        Command::Import(a) => import::run(a).await?,
     }
     Ok(())
 }

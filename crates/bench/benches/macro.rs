@@ -64,7 +64,12 @@ async fn start_with(dir: &Path, tenants_file: Option<&Path>, max_head_bytes: usi
         inflight: Default::default(),
         shutdown_flush_timeout: Duration::from_secs(600),
         limits: Default::default(),
-        querier: Default::default(),
+        querier: fathom_server::QuerierConfig {
+            // FATHOM_BENCH_NO_ROLLUPS=1: merges read raw samples only (to
+            // compare with the rollups in one machine's figures).
+            use_rollups: std::env::var_os("FATHOM_BENCH_NO_ROLLUPS").is_none(),
+            ..Default::default()
+        },
         query_threads: 2,
         compaction: Default::default(),
         cache: fathom_server::CacheConfig {
@@ -603,6 +608,183 @@ async fn merge_bench(dir: &Path, kind: &str) {
     );
 }
 
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A month of one service with 10 instances at 10 s (2.59 M profiles),
+/// generated and written as day blocks with rollups by `fathom import`'s
+/// importer, then merged over HTTP from the blocks: the month (cold: just
+/// started, block file cache emptied; then warm), one day, and Flight SQL
+/// per-function totals over that day next to the HTTP merge of it. Every
+/// answer is checked against the sum of the generated profiles.
+/// `FATHOM_BENCH_MONTH_DAYS` (30), `_INSTANCES` (10), `_STACKS` (stacks
+/// per profile, 16) scale it down for slow builds.
+async fn month_bench(dir: &Path) {
+    use fathom_compactor::import::{Importer, Synthetic};
+    const SEC: i64 = 1_000_000_000;
+    const HOUR: i64 = 3600 * SEC;
+    let days: i64 = env_or("FATHOM_BENCH_MONTH_DAYS", 30);
+    let spec = Synthetic {
+        service_name: "merge-bench".into(),
+        instances: env_or("FATHOM_BENCH_MONTH_INSTANCES", 10),
+        interval_nanos: 10 * SEC,
+        stacks_per_profile: env_or("FATHOM_BENCH_MONTH_STACKS", 16),
+        distinct_stacks: 2_000,
+        seed: 7,
+    };
+    let pt = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    // The history ends at the last whole hour, an hour ago.
+    let end = (now_s() / 3600 - 1) * 3600 * SEC;
+    let first = end - days * 24 * HOUR;
+    // The month query starts and ends mid-hour; the day query is the
+    // 24 hours from noon two days before the end, also mid-hour.
+    // (The HTTP API takes milliseconds.)
+    const MS: i64 = 1_000_000;
+    let (m_start, m_end) = (first + 17 * 60 * SEC + 3 * MS, end - 23 * 60 * SEC - 5 * MS);
+    let d_start = end - 2 * 24 * HOUR - 12 * HOUR + 7 * 60 * SEC + MS;
+    let d_end = d_start + 24 * HOUR - MS;
+    let (symbols, stacks) = spec.symbols();
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(
+        object_store::local::LocalFileSystem::new_with_prefix({
+            let p = dir.join("store");
+            std::fs::create_dir_all(&p).unwrap();
+            p
+        })
+        .unwrap(),
+    );
+    let t0 = Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<fathom_model::Profile>>(2);
+    let spec2 = spec.clone();
+    let generator = tokio::task::spawn_blocking(move || {
+        spec2.profiles(
+            &stacks,
+            first,
+            end,
+            |c| {
+                let _ = tx.blocking_send(c);
+            },
+            20_000,
+        )
+    });
+    let mut imp = Importer::new(store, "anonymous", 4_000_000);
+    let (mut profiles, mut rows) = (0usize, 0usize);
+    let (mut want_month, mut want_day, mut day_profiles) = (0i64, 0i64, 0usize);
+    while let Some(chunk) = rx.recv().await {
+        for p in &chunk {
+            rows += p.samples.len();
+            if p.time_nanos >= m_start && p.time_nanos <= m_end {
+                want_month += p.total();
+            }
+            if p.time_nanos >= d_start && p.time_nanos <= d_end {
+                want_day += p.total();
+                day_profiles += 1;
+            }
+        }
+        profiles += chunk.len();
+        imp.add(&chunk, &symbols).await.unwrap();
+    }
+    generator.await.unwrap();
+    let metas = imp.finish().await.unwrap();
+    let rollup_bytes: u64 = metas
+        .iter()
+        .map(|m| {
+            std::fs::metadata(dir.join("store").join(
+                fathom_block::block_file(&m.tenant, &m.id, fathom_block::files::ROLLUP).as_ref(),
+            ))
+            .map(|x| x.len())
+            .unwrap_or(0)
+        })
+        .sum();
+    let bytes: u64 = metas.iter().map(|m| m.stats.bytes).sum();
+    println!(
+        "info: month bench: imported {profiles} profiles ({rows} rows, {days} days, {} instances) into {} blocks in {:.1} s; {bytes} bytes of Parquet, {rollup_bytes} of them rollups",
+        spec.instances,
+        metas.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(dir.join("cache"));
+    let srv = start(dir).await; // a fresh metastore imports the bucket's blocks
+    let http = reqwest::Client::new();
+    let merge = |s: i64, e: i64, runs: usize| {
+        let http = http.clone();
+        let url = srv.url();
+        async move { merge_latency_ns(&http, pt, &url, s, e, runs).await }
+    };
+    let (mut cold, total_cold) = merge(m_start, m_end, 1).await;
+    let (mut warm, total_warm) = merge(m_start, m_end, 5).await;
+    assert_eq!(
+        total_cold, want_month,
+        "the month merge equals the generated profiles' sum"
+    );
+    assert_eq!(total_warm, want_month);
+    println!(
+        "figure merge_month_blocks_cold: {:.3} s ({profiles} profiles, {rows} rows; first query after start, block file cache emptied) [target < 3 s]",
+        quantile(&mut cold, 0.5)
+    );
+    println!(
+        "figure merge_month_blocks_warm: median {:.3} s, max {:.3} s over 5 runs [target < 1 s]",
+        quantile(&mut warm, 0.5),
+        quantile(&mut warm, 1.0)
+    );
+    let (mut day, total_day) = merge(d_start, d_end, 5).await;
+    assert_eq!(
+        total_day, want_day,
+        "the day merge equals the generated profiles' sum"
+    );
+    println!(
+        "figure merge_day_of_month_warm: median {:.3} s over 5 runs ({day_profiles} profiles, a day from noon, mid-hour edges) [target <= 0.3 s]",
+        quantile(&mut day, 0.5)
+    );
+    let (mut sql, sql_total, functions) =
+        sql_latency(pt, srv.addr, d_start / SEC, d_end / SEC, 5).await;
+    let (mut s_day, s_total) = merge(d_start / SEC * SEC, d_end / SEC * SEC, 5).await;
+    assert_eq!(sql_total, s_total, "SQL sums what the merge sums");
+    println!(
+        "figure sql_per_function_day_of_month_warm: median {:.3} s over 5 runs ({functions} functions, total {sql_total}); HTTP merge of the same seconds: median {:.3} s; ratio {:.2} [target <= 1.2]",
+        quantile(&mut sql, 0.5),
+        quantile(&mut s_day, 0.5),
+        quantile(&mut sql, 0.5) / quantile(&mut s_day, 0.5)
+    );
+    srv.stop().await;
+}
+
+/// As `merge_latency`, with nanosecond bounds (whole milliseconds):
+/// latencies and the total.
+async fn merge_latency_ns(
+    http: &reqwest::Client,
+    pt: &str,
+    url: &str,
+    start: i64,
+    end: i64,
+    runs: usize,
+) -> (Vec<f64>, i64) {
+    let mut lat = Vec::new();
+    let mut total = 0;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let r = http
+            .get(format!("{url}/api/v1/query"))
+            .query(&[
+                ("query", format!("{pt}{{service_name=\"merge-bench\"}}")),
+                ("start", (start / 1_000_000).to_string()),
+                ("end", (end / 1_000_000).to_string()),
+                ("format", "flamegraph".to_owned()),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+        let v: serde_json::Value = r.json().await.unwrap();
+        lat.push(t.elapsed().as_secs_f64());
+        total = v["value"].as_i64().unwrap_or(0);
+    }
+    (lat, total)
+}
+
 /// The cluster as real processes (the `fathom` binary of this profile,
 /// started by the integration harness: 3 metastores, 2 distributors,
 /// 3 ingesters, querier, compactor on loopback, a shared filesystem
@@ -766,6 +948,10 @@ fn main() {
         if want("ingest") {
             let d = tempfile::tempdir().unwrap();
             ingest_bench(d.path()).await;
+        }
+        if want("month") {
+            let d = tempfile::tempdir().unwrap();
+            month_bench(d.path()).await;
         }
         for kind in ["go", "jvm"] {
             if want("merge") || want(kind) {

@@ -13,6 +13,8 @@
 //! locations.parquet  location_id, mapping_id, address, line_function_ids, line_numbers
 //! functions.parquet  function_id, name, system_name, filename, start_line
 //! mappings.parquet   mapping_id, memory_start, memory_limit, file_offset, filename, build_id
+//! rollup.parquet     series_id, bucket_width_nanos, bucket_start_nanos, stack_id, value
+//!                    (compacted blocks: stack totals per series and hour / day)
 //! meta.json          written last: a block without it does not exist
 //! ```
 //!
@@ -28,14 +30,17 @@
 mod index;
 mod meta;
 mod read;
+mod rollup;
 mod schema;
 mod write;
 
 pub use index::{BlockIndex, IndexError, MemoryIndex};
 pub use meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 pub use read::{list_blocks, read_meta, read_profiles, read_samples, read_series, read_symbols};
+pub use rollup::{Cover, DAY_NANOS, HOUR_NANOS, bucket_start, full_buckets};
 pub use schema::{
-    ProfileRow, SeriesRow, profiles_schema, samples_schema, series_schema, stacks_schema,
+    ProfileRow, SeriesRow, profiles_schema, rollup_schema, samples_schema, series_schema,
+    stacks_schema,
 };
 pub use write::{BlockData, SamplesBuilder, encode_block, write_block};
 
@@ -50,6 +55,8 @@ pub mod files {
     pub const LOCATIONS: &str = "locations.parquet";
     pub const FUNCTIONS: &str = "functions.parquet";
     pub const MAPPINGS: &str = "mappings.parquet";
+    /// Stack totals per series and time bucket (compacted blocks only).
+    pub const ROLLUP: &str = "rollup.parquet";
     pub const META: &str = "meta.json";
 }
 

@@ -1,7 +1,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The block format version this build writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// `meta.json`: what a block holds. Written last; its presence makes the
 /// block exist.
@@ -23,6 +23,11 @@ pub struct BlockMeta {
     pub compacted_from: Vec<String>,
     pub profile_types: Vec<String>,
     pub stats: BlockStats,
+    /// Widths of the buckets of `rollup.parquet`, nanoseconds (e.g. an
+    /// hour and a day); empty when the block has no rollup (level 0, and
+    /// every version 1 block).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollup_widths_nanos: Vec<i64>,
     /// Unix milliseconds when the block was written.
     pub created_at_ms: i64,
 }

@@ -21,6 +21,19 @@ pub fn samples_schema() -> SchemaRef {
     ]))
 }
 
+/// `rollup`: the total value per (series, bucket, stack) of the block's
+/// samples, for every bucket width of the block's meta; sorted by
+/// series_id, bucket_width_nanos, bucket_start_nanos, stack_id.
+pub fn rollup_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        id_field("series_id"),
+        Field::new("bucket_width_nanos", DataType::Int64, false),
+        Field::new("bucket_start_nanos", DataType::Int64, false),
+        id_field("stack_id"),
+        Field::new("value", DataType::Int64, false),
+    ]))
+}
+
 /// `profiles`: one row per profile.
 pub fn profiles_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![

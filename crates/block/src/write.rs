@@ -95,6 +95,9 @@ pub struct BlockData {
     /// Sample rows in [`samples_schema`]; need not be sorted.
     pub samples: Vec<RecordBatch>,
     pub symbols: Symbols,
+    /// Bucket widths of the rollup to write beside the samples
+    /// (nanoseconds, e.g. [`crate::HOUR_NANOS`]); empty for none.
+    pub rollup_widths_nanos: Vec<i64>,
 }
 
 fn props(sorting: Option<Vec<SortingColumn>>) -> WriterProperties {
@@ -179,6 +182,28 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
         std::slice::from_ref(&samples),
         Some(sorting),
     )?;
+
+    let mut rollup_widths: Vec<i64> = data
+        .rollup_widths_nanos
+        .iter()
+        .copied()
+        .filter(|w| *w > 0)
+        .collect();
+    rollup_widths.sort_unstable();
+    rollup_widths.dedup();
+    let rollup_pq = if rollup_widths.is_empty() {
+        None
+    } else {
+        let rollup = crate::rollup::build(&samples, &rollup_widths)?;
+        let sorting = (0..4)
+            .map(|i| SortingColumn {
+                column_idx: i,
+                descending: false,
+                nulls_first: false,
+            })
+            .collect();
+        Some(to_parquet(rollup_schema(), &[rollup], Some(sorting))?)
+    };
 
     let mut profiles = data.profiles.clone();
     profiles.sort_by_key(|p| (p.series_id, p.time_nanos, p.profile_id));
@@ -316,7 +341,7 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
         ],
     )?;
 
-    let out = vec![
+    let mut out = vec![
         (files::SAMPLES, samples_pq),
         (
             files::PROFILES,
@@ -343,6 +368,10 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
             to_parquet(mappings_schema(), &[mappings_batch], None)?,
         ),
     ];
+    let sample_bytes = out[0].1.len() as u64;
+    if let Some(r) = rollup_pq {
+        out.push((files::ROLLUP, r));
+    }
 
     let mut types: Vec<String> = series.iter().map(|s| s.profile_type.to_string()).collect();
     types.sort();
@@ -366,8 +395,9 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
             functions: sym.functions.len() as u64,
             mappings: sym.mappings.len() as u64,
             bytes: out.iter().map(|(_, b)| b.len() as u64).sum(),
-            sample_bytes: out[0].1.len() as u64,
+            sample_bytes,
         },
+        rollup_widths_nanos: rollup_widths,
         created_at_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)

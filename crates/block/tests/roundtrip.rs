@@ -105,6 +105,7 @@ async fn block_round_trip() {
         profiles: profiles.clone(),
         samples: vec![b.finish()],
         symbols: symbols.clone(),
+        rollup_widths_nanos: Vec::new(),
     };
     let (meta, files) = encode_block(&data).unwrap();
     assert_eq!(meta.stats.samples, 15);

@@ -17,6 +17,8 @@
 //! sources, so the job taken again overwrites the same files instead of
 //! leaking a second copy.
 
+pub mod import;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -287,9 +289,25 @@ pub async fn merge(
             profiles,
             samples,
             symbols,
+            rollup_widths_nanos: Vec::new(),
         },
         duplicates,
     ))
+}
+
+/// The rollup bucket widths of a block written by a job of `level`: hours
+/// always, days as well when the output window spans a day or more (so
+/// that a month is read from day totals and the edges from hour totals).
+pub fn rollup_widths(windows: &[Duration], level: u32) -> Vec<i64> {
+    let window = windows
+        .get(level as usize)
+        .or(windows.last())
+        .map_or(0, |w| i64::try_from(w.as_nanos()).unwrap_or(i64::MAX));
+    let mut out = vec![fathom_block::HOUR_NANOS];
+    if window >= fathom_block::DAY_NANOS {
+        out.push(fathom_block::DAY_NANOS);
+    }
+    out
 }
 
 /// The compactor.
@@ -389,6 +407,7 @@ impl Compactor {
         // One above the job's level: a block that crossed its own window
         // joined a higher level's job, and a top-level source stays top.
         data.level = job.level + 1;
+        data.rollup_widths_nanos = rollup_widths(&self.cfg.windows, job.level);
         let (mut meta, files) =
             tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
                 .await
@@ -687,6 +706,7 @@ mod tests {
             profiles: rows,
             samples: vec![sb.finish()],
             symbols,
+            rollup_widths_nanos: Vec::new(),
         };
         let (meta, files) = fathom_block::encode_block(&data).unwrap();
         fathom_block::write_block(store, &meta, files)
@@ -734,6 +754,7 @@ mod tests {
             profile_types: vec![],
             stats: Default::default(),
             created_at_ms: 0,
+            rollup_widths_nanos: Vec::new(),
         };
         let blocks = vec![
             mk("a", 0, T0, T0 + 10),
@@ -766,6 +787,16 @@ mod tests {
                 (1, vec!["k", "l"])
             ]
         );
+    }
+
+    #[test]
+    fn rollups_are_hours_and_days_from_day_windows() {
+        let w = Config::default().windows;
+        let (h, d) = (fathom_block::HOUR_NANOS, fathom_block::DAY_NANOS);
+        assert_eq!(rollup_widths(&w, 0), vec![h]);
+        assert_eq!(rollup_widths(&w, 1), vec![h, d]);
+        assert_eq!(rollup_widths(&w, 7), vec![h, d], "past the top level");
+        assert_eq!(rollup_widths(&[], 0), vec![h]);
     }
 
     #[tokio::test]
@@ -805,6 +836,27 @@ mod tests {
             .map(|(p, v)| (Id::from_u128(p), v))
             .collect();
         assert_eq!(t, want, "every profile once");
+        // Level 1 (hour windows): hour rollups, with each profile once.
+        assert_eq!(b.rollup_widths_nanos, vec![fathom_block::HOUR_NANOS]);
+        let rollup = store
+            .get(&fathom_block::block_file(
+                &b.tenant,
+                &b.id,
+                fathom_block::files::ROLLUP,
+            ))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let rows: usize =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(rollup)
+                .unwrap()
+                .build()
+                .unwrap()
+                .map(|b| b.unwrap().num_rows())
+                .sum();
+        assert!(rows > 0 && rows <= 3, "{rows} rollup rows");
         let syms = fathom_block::read_symbols(store.as_ref(), b).await.unwrap();
         assert_eq!(syms.functions.len(), 3, "symbol tables merged");
 

@@ -89,6 +89,7 @@ impl TenantHead {
             profiles: self.profiles.clone(),
             samples: self.batches().cloned().collect(),
             symbols: self.symbols.clone(),
+            rollup_widths_nanos: Vec::new(),
         }
     }
 

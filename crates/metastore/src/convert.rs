@@ -76,6 +76,7 @@ impl From<&BlockMeta> for proto::BlockMeta {
                 sample_bytes: s.sample_bytes,
             }),
             created_at_ms: b.created_at_ms,
+            rollup_widths_nanos: b.rollup_widths_nanos.clone(),
         }
     }
 }
@@ -105,6 +106,7 @@ impl From<proto::BlockMeta> for BlockMeta {
                 sample_bytes: s.sample_bytes,
             },
             created_at_ms: b.created_at_ms,
+            rollup_widths_nanos: b.rollup_widths_nanos,
         }
     }
 }

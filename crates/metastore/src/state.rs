@@ -229,6 +229,7 @@ pub(crate) mod tests {
             profile_types: vec!["process_cpu:cpu:nanoseconds:cpu:nanoseconds".into()],
             stats: Default::default(),
             created_at_ms: 0,
+            rollup_widths_nanos: Vec::new(),
         }
     }
 

@@ -43,6 +43,7 @@ fn block(tenant: &str, id: &str, min: i64, max: i64) -> BlockMeta {
             ..Default::default()
         },
         created_at_ms: 1,
+        rollup_widths_nanos: Vec::new(),
     }
 }
 

@@ -7,14 +7,17 @@ use tracing::Instrument;
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use datafusion::common::ScalarValue;
+use datafusion::execution::memory_pool::{
+    GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
+};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::functions_aggregate::expr_fn::{count_distinct, sum};
 use datafusion::prelude::*;
 use fathom_block::{BlockMeta, SeriesRow, files, samples_schema};
 use fathom_model::{Id, Labels, ProfileType, Selector, Symbols, TenantId};
-use object_store::ObjectStore;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -30,6 +33,12 @@ pub(crate) struct Metrics {
     pub(crate) cache_misses: Counter,
     pub(crate) rows: Counter,
     pub(crate) sql_sources: Counter,
+    pub(crate) rollup_reads: Counter,
+    /// Bytes reserved by the DataFusion operators of running queries.
+    pub(crate) memory: Gauge,
+    pub(crate) cancelled: Counter,
+    pub(crate) timed_out: Counter,
+    pub(crate) over_memory: Counter,
 }
 
 impl Metrics {
@@ -43,6 +52,11 @@ impl Metrics {
             cache_misses: Counter::default(),
             rows: Counter::default(),
             sql_sources: Counter::default(),
+            rollup_reads: Counter::default(),
+            memory: Gauge::default(),
+            cancelled: Counter::default(),
+            timed_out: Counter::default(),
+            over_memory: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("fathom_querier");
         r.register("queries", "Queries executed", m.queries.clone());
@@ -67,15 +81,101 @@ impl Metrics {
             "Heads and blocks read by SQL scans of profiles and samples (after time and label pushdown)",
             m.sql_sources.clone(),
         );
+        r.register(
+            "rollup_reads",
+            "Blocks whose whole hours or days a merge read from rollup.parquet instead of raw samples",
+            m.rollup_reads.clone(),
+        );
+        r.register(
+            "query_memory_bytes",
+            "Bytes reserved by the operators of running merge, range and diff queries (under each query's memory limit)",
+            m.memory.clone(),
+        );
+        r.register(
+            "queries_cancelled",
+            "Queries stopped because their client went away",
+            m.cancelled.clone(),
+        );
+        r.register(
+            "queries_timed_out",
+            "Queries stopped at their timeout",
+            m.timed_out.clone(),
+        );
+        r.register(
+            "queries_over_memory",
+            "Queries refused for needing more than their memory limit",
+            m.over_memory.clone(),
+        );
         m
     }
 }
 
-pub(crate) fn runtime_env(store: Arc<dyn ObjectStore>) -> Result<Arc<RuntimeEnv>, QueryError> {
-    let rt = RuntimeEnvBuilder::new().build_arc()?;
-    let url = ObjectStoreUrl::parse(STORE_URL)?;
-    rt.register_object_store(url.as_ref(), store);
-    Ok(rt)
+/// A query's memory pool: a greedy pool of the query's limit that also
+/// counts its reservations into `fathom_querier_query_memory_bytes`, so
+/// that the gauge shows what running queries hold (and that a cancelled
+/// query gives it back).
+#[derive(Debug)]
+struct MeteredPool {
+    inner: GreedyMemoryPool,
+    gauge: Gauge,
+}
+
+impl std::fmt::Display for MeteredPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "metered({})", self.inner)
+    }
+}
+
+fn as_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl MemoryPool for MeteredPool {
+    fn name(&self) -> &str {
+        "fathom_query"
+    }
+    fn register(&self, c: &MemoryConsumer) {
+        self.inner.register(c)
+    }
+    fn unregister(&self, c: &MemoryConsumer) {
+        self.inner.unregister(c)
+    }
+    fn grow(&self, r: &MemoryReservation, additional: usize) {
+        self.inner.grow(r, additional);
+        self.gauge.inc_by(as_i64(additional));
+    }
+    fn shrink(&self, r: &MemoryReservation, shrink: usize) {
+        self.inner.shrink(r, shrink);
+        self.gauge.dec_by(as_i64(shrink));
+    }
+    fn try_grow(&self, r: &MemoryReservation, additional: usize) -> datafusion::error::Result<()> {
+        self.inner.try_grow(r, additional)?;
+        self.gauge.inc_by(as_i64(additional));
+        Ok(())
+    }
+    fn reserved(&self) -> usize {
+        self.inner.reserved()
+    }
+    fn memory_limit(&self) -> MemoryLimit {
+        self.inner.memory_limit()
+    }
+}
+
+/// Stops the query task when the request that waits for it goes away
+/// (a client that disconnects drops the request's future).
+struct AbortOnDrop {
+    handle: tokio::task::AbortHandle,
+    done: bool,
+    cancelled: Counter,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if !self.done {
+            self.handle.abort();
+            self.cancelled.inc();
+        }
+    }
 }
 
 /// A merged profile: the total value per stack.
@@ -106,7 +206,7 @@ pub struct RangeSeries {
 
 enum SourceKind {
     Head(Vec<RecordBatch>),
-    Block(BlockMeta),
+    Block(Box<BlockMeta>),
 }
 
 struct Source {
@@ -128,6 +228,24 @@ fn id_lit(id: &Id) -> Expr {
 
 fn time_ok(t: i64, start: i64, end: i64) -> bool {
     t >= start && t <= end
+}
+
+/// For each inclusive span, whether it overlaps no other span.
+fn alone_spans(spans: &[(i64, i64)]) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_unstable_by_key(|&i| spans[i].0);
+    let mut out = vec![false; spans.len()];
+    let mut max_before = i64::MIN;
+    for (k, &i) in order.iter().enumerate() {
+        let (min, max) = spans[i];
+        let before = k > 0 && max_before >= min;
+        let after = order.get(k + 1).is_some_and(|&j| spans[j].0 <= max);
+        out[i] = !before && !after;
+        if k == 0 || max > max_before {
+            max_before = max;
+        }
+    }
+    out
 }
 
 impl Plan {
@@ -194,11 +312,27 @@ impl Querier {
             profiles: 0,
             period: 0,
         };
+        // Copies of a profile sit in sources whose time spans overlap (the
+        // profile id covers its time): a source that overlaps no other one
+        // holds no copy of another's profiles, and skips the id set (a
+        // month of compacted blocks is millions of profiles).
+        let mut spans: Vec<(i64, i64)> = heads
+            .iter()
+            .map(|h| {
+                let min = h.profiles.iter().map(|p| p.time_nanos).min();
+                let max = h.profiles.iter().map(|p| p.time_nanos).max();
+                (min.unwrap_or(i64::MAX), max.unwrap_or(i64::MIN))
+            })
+            .collect();
+        spans.extend(blocks.iter().map(|b| (b.min_time_nanos, b.max_time_nanos)));
+        let alone = alone_spans(&spans);
+        let mut alone = alone.into_iter();
         let mut seen: HashSet<Id> = HashSet::new();
         let mut add = |plan: &mut Plan,
                        kind: SourceKind,
                        series: &[SeriesRow],
-                       profiles: &[fathom_block::ProfileRow]| {
+                       profiles: &[fathom_block::ProfileRow],
+                       alone: bool| {
             let mut matched: HashSet<Id> = HashSet::new();
             for s in series {
                 if s.min_time_nanos <= end
@@ -218,7 +352,7 @@ impl Querier {
                 if !matched.contains(&p.series_id) || !time_ok(p.time_nanos, start, end) {
                     continue;
                 }
-                if seen.insert(p.profile_id) {
+                if alone || seen.insert(p.profile_id) {
                     any = true;
                     plan.profiles += 1;
                     plan.period = plan.period.max(p.period);
@@ -240,15 +374,18 @@ impl Querier {
                 profiles,
                 samples,
             } = h;
-            add(&mut plan, SourceKind::Head(samples), &series, &profiles);
+            let a = alone.next().unwrap_or(false);
+            add(&mut plan, SourceKind::Head(samples), &series, &profiles, a);
         }
         for b in blocks {
             let info = self.block_info(&b).await?;
+            let a = alone.next().unwrap_or(false);
             add(
                 &mut plan,
-                SourceKind::Block(b),
+                SourceKind::Block(Box::new(b)),
                 &info.series,
                 &info.profiles,
+                a,
             );
         }
         span.record("profiles", plan.profiles as i64);
@@ -267,7 +404,7 @@ impl Querier {
             .with_target_partitions(2)
             .with_batch_size(8192)
             .set_bool("datafusion.execution.parquet.pushdown_filters", true);
-        let ctx = SessionContext::new_with_config_rt(config, self.inner.runtime.clone());
+        let ctx = SessionContext::new_with_config_rt(config, self.query_runtime()?);
         let schema = samples_schema();
         let mut out: Option<DataFrame> = None;
         for src in &plan.sources {
@@ -305,18 +442,189 @@ impl Querier {
         Ok(out.map(|df| (ctx, df)))
     }
 
+    /// `(stack_id, value)` rows whose sum per stack is the merge of the
+    /// plan: each block with rollups and no replica copies to skip gives
+    /// the totals of its whole buckets inside `[start, end]` (days, then
+    /// hours) and its raw samples for the rest; every other source its raw
+    /// samples.
+    pub(crate) async fn merge_frame(
+        &self,
+        plan: &Plan,
+        start: i64,
+        end: i64,
+    ) -> Result<Option<(SessionContext, DataFrame)>, QueryError> {
+        let config = SessionConfig::new()
+            .with_target_partitions(2)
+            .with_batch_size(8192)
+            .set_bool("datafusion.execution.parquet.pushdown_filters", true);
+        let ctx = SessionContext::new_with_config_rt(config, self.query_runtime()?);
+        let schema = samples_schema();
+        let rollup_schema = fathom_block::rollup_schema();
+        let mut out: Option<DataFrame> = None;
+        let mut push = |df: DataFrame| -> Result<(), QueryError> {
+            let df = df.select(vec![col("stack_id"), col("value")])?;
+            out = Some(match out.take() {
+                None => df,
+                Some(acc) => acc.union(df)?,
+            });
+            Ok(())
+        };
+        for src in &plan.sources {
+            let series_in =
+                col("series_id").in_list(src.series.iter().map(id_lit).collect(), false);
+            let raw_time = |a: i64, b: i64| {
+                col("time_nanos")
+                    .gt_eq(lit(a))
+                    .and(col("time_nanos").lt_eq(lit(b)))
+            };
+            match &src.kind {
+                SourceKind::Head(b) => {
+                    if b.is_empty() {
+                        continue;
+                    }
+                    let mut pred = raw_time(start, end).and(series_in);
+                    if !src.exclude.is_empty() {
+                        pred = pred.and(
+                            col("profile_id")
+                                .in_list(src.exclude.iter().map(id_lit).collect(), true),
+                        );
+                    }
+                    push(ctx.read_batches(b.clone())?.filter(pred)?)?;
+                }
+                SourceKind::Block(m) => {
+                    let cover = if self.inner.cfg.use_rollups && src.exclude.is_empty() {
+                        fathom_block::Cover::plan(start, end, &m.rollup_widths_nanos)
+                    } else {
+                        fathom_block::Cover {
+                            rollups: Vec::new(),
+                            raw: vec![(start, end)],
+                        }
+                    };
+                    if !cover.rollups.is_empty() {
+                        self.inner.metrics.rollup_reads.inc();
+                        let path = format!(
+                            "{STORE_URL}/{}",
+                            fathom_block::block_file(&m.tenant, &m.id, files::ROLLUP)
+                        );
+                        let buckets = cover
+                            .rollups
+                            .iter()
+                            .map(|&(w, from, to)| {
+                                col("bucket_width_nanos")
+                                    .eq(lit(w))
+                                    .and(col("bucket_start_nanos").gt_eq(lit(from)))
+                                    .and(col("bucket_start_nanos").lt(lit(to)))
+                            })
+                            .reduce(Expr::or);
+                        if let Some(buckets) = buckets {
+                            let df = ctx
+                                .read_parquet(
+                                    path,
+                                    ParquetReadOptions::default().schema(&rollup_schema),
+                                )
+                                .await?
+                                .filter(series_in.clone().and(buckets))?;
+                            push(df)?;
+                        }
+                    }
+                    let Some(times) = cover
+                        .raw
+                        .iter()
+                        .map(|&(a, b)| raw_time(a, b))
+                        .reduce(Expr::or)
+                    else {
+                        continue;
+                    };
+                    let path = format!(
+                        "{STORE_URL}/{}",
+                        fathom_block::block_file(&m.tenant, &m.id, files::SAMPLES)
+                    );
+                    let mut pred = times.and(series_in);
+                    if !src.exclude.is_empty() {
+                        pred = pred.and(
+                            col("profile_id")
+                                .in_list(src.exclude.iter().map(id_lit).collect(), true),
+                        );
+                    }
+                    let df = ctx
+                        .read_parquet(path, ParquetReadOptions::default().schema(&schema))
+                        .await?
+                        .filter(pred)?;
+                    push(df)?;
+                }
+            }
+        }
+        Ok(out.map(|df| (ctx, df)))
+    }
+
+    /// A runtime for one query: its own memory pool of the query memory
+    /// limit (the tenant's, else the flag), metered.
+    pub(crate) fn query_runtime(&self) -> Result<Arc<RuntimeEnv>, QueryError> {
+        let limit = self.sql_config().memory_limit;
+        let pool = MeteredPool {
+            inner: GreedyMemoryPool::new(limit),
+            gauge: self.inner.metrics.memory.clone(),
+        };
+        let rt = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(pool))
+            .build_arc()?;
+        let url = ObjectStoreUrl::parse(STORE_URL)?;
+        rt.register_object_store(url.as_ref(), self.inner.store.clone());
+        Ok(rt)
+    }
+
+    /// Runs a query on the query runtime under the request's limits: its
+    /// memory pool ([`Querier::query_runtime`]), its timeout, and
+    /// cancellation when the caller goes away.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl std::future::Future<Output = Result<T, QueryError>> + Send + 'static,
     ) -> Result<T, QueryError> {
         let timer = std::time::Instant::now();
         self.inner.metrics.queries.inc();
-        let r = self
-            .inner
-            .exec
-            .run(f.instrument(tracing::info_span!("query_execute")))
-            .await
-            .map_err(|e| QueryError::Task(e.to_string()))?;
+        let cfg = self.sql_config();
+        let f = f.instrument(tracing::info_span!("query_execute"));
+        // The tenant's limits follow the query onto the query runtime.
+        let task = match fathom_api::auth::request_limits() {
+            Some(l) => self
+                .inner
+                .exec
+                .spawn_handle(fathom_api::auth::with_request_limits(l, f)),
+            None => self.inner.exec.spawn_handle(f),
+        };
+        let mut guard = AbortOnDrop {
+            handle: task.abort_handle(),
+            done: false,
+            cancelled: self.inner.metrics.cancelled.clone(),
+        };
+        let r = tokio::time::timeout(cfg.timeout, task).await;
+        guard.done = true;
+        let r = match r {
+            Err(_) => {
+                guard.handle.abort();
+                self.inner.metrics.timed_out.inc();
+                return Err(QueryError::Timeout(format!(
+                    "the query ran past its timeout of {} (query timeout) and was cancelled; narrow its time range or selector",
+                    humantime::format_duration(cfg.timeout)
+                )));
+            }
+            Ok(r) => r.map_err(|e| QueryError::Task(e.to_string()))?,
+        };
+        let r = r.map_err(|e| match e {
+            QueryError::DataFusion(e)
+                if matches!(
+                    e.find_root(),
+                    datafusion::error::DataFusionError::ResourcesExhausted(_)
+                ) =>
+            {
+                self.inner.metrics.over_memory.inc();
+                QueryError::ResourcesExhausted(format!(
+                    "the query needs more memory than its limit of {} (query memory limit); narrow its time range or selector: {e}",
+                    bytesize::ByteSize(cfg.memory_limit as u64)
+                ))
+            }
+            e => e,
+        });
         self.inner
             .metrics
             .duration
@@ -343,7 +651,7 @@ impl Querier {
         self.run(async move {
             let plan = this.plan(&tenant2, &sel, start, end).await?;
             let mut samples = Vec::new();
-            if let Some((_ctx, df)) = this.frame(&plan, start, end).await? {
+            if let Some((_ctx, df)) = this.merge_frame(&plan, start, end).await? {
                 let batches = df
                     .aggregate(
                         vec![col("stack_id")],

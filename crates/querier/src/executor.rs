@@ -40,6 +40,16 @@ impl Executor {
         self.handle.spawn(fut.in_current_span()).await
     }
 
+    /// Starts `fut` on the dedicated runtime; the handle waits for it or
+    /// aborts it.
+    pub fn spawn_handle<F, T>(&self, fut: F) -> tokio::task::JoinHandle<T>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.handle.spawn(fut.in_current_span())
+    }
+
     /// Starts `fut` on the dedicated runtime without waiting for it.
     pub fn spawn<F>(&self, fut: F)
     where

@@ -15,12 +15,19 @@
 //!  DataFusion (dedicated runtime): union of head batches and block
 //!  samples.parquet (read through the foyer block file cache,
 //!  [`CachedStore`]), filtered by series, time and duplicate profiles,
-//!  grouped by stack (merge) or by series and step (range)
+//!  grouped by stack (merge) or by series and step (range); a merge reads
+//!  the whole days and hours of compacted blocks from their rollup.parquet
+//!  and raw samples only for the edges (`fathom_block::Cover`)
 //!        │
 //!        ▼
 //!  resolve stack ids with head and block symbol tables → render
 //!  (folded, top, flame graph, pprof, diff)
 //! ```
+//!
+//! Every merge, range and diff query runs on the query runtime under its
+//! own memory pool (the query memory limit, metered in
+//! `fathom_querier_query_memory_bytes`) and the query timeout, and is
+//! stopped when its caller goes away.
 //!
 //! Invariants: every answer is scoped to one tenant; a profile id is counted
 //! once whatever number of heads and blocks hold it (replicas, a head being
@@ -35,6 +42,8 @@ mod http;
 mod pyroscope;
 mod remote;
 mod render;
+#[cfg(test)]
+mod rollup_tests;
 mod sql;
 
 use std::collections::HashMap;
@@ -78,6 +87,12 @@ pub enum QueryError {
     Index(String),
     #[error("query task failed: {0}")]
     Task(String),
+    /// Over the query memory limit (tenant's or flag's).
+    #[error("{0}")]
+    ResourcesExhausted(String),
+    /// Past the query timeout (tenant's or flag's); the work was stopped.
+    #[error("{0}")]
+    Timeout(String),
 }
 
 impl From<fathom_block::IndexError> for QueryError {
@@ -90,6 +105,10 @@ impl From<QueryError> for fathom_api::ApiError {
     fn from(e: QueryError) -> Self {
         match e {
             QueryError::BadRequest(m) => fathom_api::ApiError::BadRequest(m),
+            // Per-tenant query limits (429, as the API's other limits).
+            QueryError::ResourcesExhausted(m) | QueryError::Timeout(m) => {
+                fathom_api::ApiError::RateLimited(m)
+            }
             QueryError::Head(m) => fathom_api::ApiError::Unavailable(m),
             QueryError::Index(m) => {
                 fathom_api::ApiError::Unavailable(format!("listing blocks: {m}"))
@@ -146,6 +165,10 @@ pub struct Config {
     pub block_cache_entries: usize,
     /// SQL (Flight SQL) limits.
     pub sql: SqlConfig,
+    /// Merges read the middle of a range from compacted blocks' rollups
+    /// (stack totals per hour and day) instead of raw samples. Off only to
+    /// compare the two (benchmarks, tests).
+    pub use_rollups: bool,
 }
 
 impl Default for Config {
@@ -156,6 +179,7 @@ impl Default for Config {
             max_flame_nodes: 65_536,
             block_cache_entries: 256,
             sql: SqlConfig::default(),
+            use_rollups: true,
         }
     }
 }
@@ -219,7 +243,6 @@ pub(crate) struct Inner {
     pub(crate) index: Arc<dyn BlockIndex>,
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) exec: Executor,
-    pub(crate) runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
     pub(crate) block_info: Mutex<Lru<BlockInfo>>,
     pub(crate) block_symbols: Mutex<Lru<Symbols>>,
     pub(crate) metrics: engine::Metrics,
@@ -235,7 +258,6 @@ impl Querier {
         exec: Executor,
         registry: &mut prometheus_client::registry::Registry,
     ) -> Result<Self, QueryError> {
-        let runtime = engine::runtime_env(store.clone())?;
         let metrics = engine::Metrics::register(registry);
         Ok(Querier {
             inner: Arc::new(Inner {
@@ -246,7 +268,6 @@ impl Querier {
                 index,
                 store,
                 exec,
-                runtime,
                 metrics,
                 symbolizer: std::sync::OnceLock::new(),
             }),
@@ -305,6 +326,20 @@ impl Querier {
 /// unit tests.
 #[cfg(test)]
 pub(crate) fn test_querier(index: Arc<dyn BlockIndex>) -> Querier {
+    test_querier_on(
+        Config::default(),
+        index,
+        Arc::new(object_store::memory::InMemory::new()),
+    )
+}
+
+/// A querier over no heads, `index` and `store`, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_querier_on(
+    cfg: Config,
+    index: Arc<dyn BlockIndex>,
+    store: Arc<dyn ObjectStore>,
+) -> Querier {
     struct NoHeads;
 
     #[async_trait::async_trait]
@@ -323,10 +358,10 @@ pub(crate) fn test_querier(index: Arc<dyn BlockIndex>) -> Querier {
     }
 
     Querier::new(
-        Config::default(),
+        cfg,
         Arc::new(NoHeads),
         index,
-        Arc::new(object_store::memory::InMemory::new()),
+        store,
         executor::Executor::new(1).unwrap(),
         &mut prometheus_client::registry::Registry::default(),
     )

@@ -14,6 +14,7 @@ mod deploy;
 mod docs_examples;
 mod flight;
 mod grafana;
+mod import;
 mod jfr;
 mod otlp;
 mod push_v1;
