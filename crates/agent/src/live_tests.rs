@@ -818,6 +818,45 @@ fn python_frames_in_order(python: &str) {
     );
 }
 
+/// Python frames on both sides of C ones: `py_sort` calls the builtin
+/// `sorted`, which calls `py_key` back. Each `_PyEval_EvalFrameDefault`
+/// is replaced by its own Python frames, so the C frames of the sort stay
+/// between them.
+#[test]
+fn python_frames_interleave_with_c_frames() {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integration/agent/hot.py");
+    let mut cmd = std::process::Command::new("/usr/bin/python3");
+    cmd.arg(&script).args(["3", "sorted"]);
+    let (stacks, _) = profile_child(cmd, 199).of("python3");
+    let (key, total) = share(&stacks, |s| s.contains(";py_key"));
+    assert!(total > 150, "{total} samples: {stacks:#?}");
+    assert!(
+        key * 100 >= total * 70,
+        "py_key in {key} of {total}: {stacks:#?}"
+    );
+    // main;py_sort;<C frames of sorted and of the call>;py_key
+    let interleaved = |s: &str| {
+        let Some(a) = s.find("main;py_sort;") else {
+            return false;
+        };
+        let Some(b) = s[a..].find(";py_key") else {
+            return false;
+        };
+        let between = &s[a + "main;py_sort;".len()..a + b];
+        // sorted's own functions are static, unnamed in Debian's stripped
+        // python3.11 (0x…); the call back into Python is exported.
+        between.split(';').count() >= 2
+            && between.ends_with("_PyFunction_Vectorcall")
+            && !between.split(';').any(|f| f.starts_with("py_"))
+    };
+    let (good, _) = share(&stacks, |s| interleaved(s));
+    assert!(
+        good * 100 >= key * 90,
+        "main;py_sort;<C frames>;py_key in {good} of {key}: {stacks:#?}"
+    );
+}
+
 #[test]
 fn python_frames_debian_python3() {
     python_frames_in_order("/usr/bin/python3");
