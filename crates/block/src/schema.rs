@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use fathom_model::{Id, Labels, ProfileType};
+use fathom_model::{Id, Labels, Profile, ProfileType};
 
 pub(crate) const ID: DataType = DataType::FixedSizeBinary(16);
 
@@ -127,4 +127,37 @@ pub struct ProfileRow {
     pub duration_nanos: i64,
     pub period: i64,
     pub samples: u64,
+}
+
+impl SeriesRow {
+    /// The series of profile `p`, its time span `p`'s time.
+    pub fn of(p: &Profile) -> SeriesRow {
+        SeriesRow {
+            series_id: p.series_id(),
+            profile_type: p.profile_type.clone(),
+            labels: p.labels.clone(),
+            min_time_nanos: p.time_nanos,
+            max_time_nanos: p.time_nanos,
+        }
+    }
+
+    /// Widens the time span to hold `time_nanos`.
+    pub fn include(&mut self, time_nanos: i64) {
+        self.min_time_nanos = self.min_time_nanos.min(time_nanos);
+        self.max_time_nanos = self.max_time_nanos.max(time_nanos);
+    }
+}
+
+impl ProfileRow {
+    /// The header of profile `p` (of series `series_id`).
+    pub fn of(p: &Profile, series_id: Id) -> ProfileRow {
+        ProfileRow {
+            profile_id: p.id,
+            series_id,
+            time_nanos: p.time_nanos,
+            duration_nanos: p.duration_nanos,
+            period: p.period,
+            samples: p.samples.len() as u64,
+        }
+    }
 }

@@ -77,23 +77,11 @@ impl Importer {
             d.samples.push_profile(p);
             self.rows += p.samples.len();
             let sid = p.series_id();
-            let s = d.series.entry(sid).or_insert_with(|| SeriesRow {
-                series_id: sid,
-                profile_type: p.profile_type.clone(),
-                labels: p.labels.clone(),
-                min_time_nanos: p.time_nanos,
-                max_time_nanos: p.time_nanos,
-            });
-            s.min_time_nanos = s.min_time_nanos.min(p.time_nanos);
-            s.max_time_nanos = s.max_time_nanos.max(p.time_nanos);
-            d.profiles.push(ProfileRow {
-                profile_id: p.id,
-                series_id: sid,
-                time_nanos: p.time_nanos,
-                duration_nanos: p.duration_nanos,
-                period: p.period,
-                samples: p.samples.len() as u64,
-            });
+            d.series
+                .entry(sid)
+                .or_insert_with(|| SeriesRow::of(p))
+                .include(p.time_nanos);
+            d.profiles.push(ProfileRow::of(p, sid));
         }
         for day in touched {
             if let Some(d) = self.days.get_mut(&day) {

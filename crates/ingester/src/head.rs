@@ -36,23 +36,11 @@ impl TenantHead {
                 continue;
             }
             let sid = p.series_id();
-            let s = self.series.entry(sid).or_insert_with(|| SeriesRow {
-                series_id: sid,
-                profile_type: p.profile_type.clone(),
-                labels: p.labels.clone(),
-                min_time_nanos: p.time_nanos,
-                max_time_nanos: p.time_nanos,
-            });
-            s.min_time_nanos = s.min_time_nanos.min(p.time_nanos);
-            s.max_time_nanos = s.max_time_nanos.max(p.time_nanos);
-            self.profiles.push(ProfileRow {
-                profile_id: p.id,
-                series_id: sid,
-                time_nanos: p.time_nanos,
-                duration_nanos: p.duration_nanos,
-                period: p.period,
-                samples: p.samples.len() as u64,
-            });
+            self.series
+                .entry(sid)
+                .or_insert_with(|| SeriesRow::of(p))
+                .include(p.time_nanos);
+            self.profiles.push(ProfileRow::of(p, sid));
             b.push_profile(p);
         }
         let added = b.len();

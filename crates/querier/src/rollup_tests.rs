@@ -97,25 +97,11 @@ async fn history(store: &dyn ObjectStore) -> (Vec<fathom_block::BlockMeta>, Vec<
         for p in profiles {
             sb.push_profile(p);
             let sid = p.series_id();
-            let e = series
+            series
                 .entry(sid)
-                .or_insert_with(|| fathom_block::SeriesRow {
-                    series_id: sid,
-                    profile_type: p.profile_type.clone(),
-                    labels: p.labels.clone(),
-                    min_time_nanos: p.time_nanos,
-                    max_time_nanos: p.time_nanos,
-                });
-            e.min_time_nanos = e.min_time_nanos.min(p.time_nanos);
-            e.max_time_nanos = e.max_time_nanos.max(p.time_nanos);
-            rows.push(ProfileRow {
-                profile_id: p.id,
-                series_id: sid,
-                time_nanos: p.time_nanos,
-                duration_nanos: p.duration_nanos,
-                period: p.period,
-                samples: p.samples.len() as u64,
-            });
+                .or_insert_with(|| fathom_block::SeriesRow::of(p))
+                .include(p.time_nanos);
+            rows.push(ProfileRow::of(p, sid));
         }
         let data = BlockData {
             tenant: "t".into(),
