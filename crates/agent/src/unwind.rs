@@ -81,11 +81,14 @@ struct Span {
 /// streamed, up to `MAX_STREAMED_CFI_BYTES`.
 pub(crate) const MAX_CFI_BYTES: u64 = 2 << 20;
 /// Largest call frame information streamed into a table (no
-/// `.debug_frame`, FDEs that do not overlap): the transient heap is the section itself, the
-/// time ~0.5 µs per row plus a map update each; a release Rust service of
-/// 40 MB (3.2 MB of `.eh_frame`) fits, the debug builds of big programs
-/// (20 MB and more) do not.
-pub(crate) const MAX_STREAMED_CFI_BYTES: u64 = 8 << 20;
+/// `.debug_frame`, FDEs that do not overlap): the transient heap is the
+/// section itself, but the time is ~0.5 µs per row plus a map update each,
+/// spent on the collector's thread, which handles no samples meanwhile. A
+/// larger limit (8 MiB: a release Rust service such as Garage has 3.2 MB of
+/// `.eh_frame`, `node` 2.7 MB) stalled sampling of the processes started
+/// at the same time by seconds in a debug build, so it waits until tables
+/// are built off that thread.
+pub(crate) const MAX_STREAMED_CFI_BYTES: u64 = 2 << 20;
 /// Rows per byte of `.eh_frame`, a little above what was measured (libc
 /// 0.18, librustc_driver 0.18, python3.11 0.16, Rust debug binaries 0.15).
 const ROWS_PER_CFI_BYTE: f64 = 0.2;

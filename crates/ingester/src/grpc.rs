@@ -48,6 +48,9 @@ impl IngesterService for WriteServer {
         let span = tracing::info_span!(
             "ingester_write",
             bytes = record.len() as i64,
+            tenant = tracing::field::Empty,
+            profiles = tracing::field::Empty,
+            samples = tracing::field::Empty,
             rows = tracing::field::Empty,
         );
         answer(

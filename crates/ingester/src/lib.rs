@@ -354,6 +354,11 @@ impl Ingester {
     /// refused ([`Error::Record`]) before anything is written.
     pub async fn write_record(&self, record: bytes::Bytes) -> Result<usize, Error> {
         let batch = fathom_proto::decode_write_request(&record).map_err(Error::Record)?;
+        // The gRPC layer's `ingester_write` span, once the record is read.
+        let span = tracing::Span::current();
+        span.record("tenant", tracing::field::display(&batch.tenant));
+        span.record("profiles", batch.profiles.len() as i64);
+        span.record("samples", batch.sample_count() as i64);
         self.write_batch(batch, record).await
     }
 

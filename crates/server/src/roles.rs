@@ -2,7 +2,7 @@
 //! the same components as `fathom all`, wired to each other over the
 //! network instead of in memory.
 //!
-//! - ingester: `fathom.ingester.v1.IngesterService/Write` from distributors,
+//! - ingester: `fathom.ingester.v1.IngesterService/WriteRecord` (and `Write`) from distributors,
 //!   Arrow Flight head reads for queriers;
 //! - distributor: `/ingest` and gRPC push, replicated to the ingesters by
 //!   [`ReplicatedWriter`];

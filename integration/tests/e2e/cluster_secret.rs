@@ -72,6 +72,11 @@ fn cluster_internal_services_refuse_callers_without_the_secret() {
             "/fathom.ingester.v1.IngesterService/Write",
         ),
         (
+            "ingester record write",
+            ingester.clone(),
+            "/fathom.ingester.v1.IngesterService/WriteRecord",
+        ),
+        (
             "ingester head read (Flight DoGet)",
             ingester.clone(),
             "/arrow.flight.protocol.FlightService/DoGet",

@@ -249,7 +249,7 @@ fn tracing_spans_cross_the_roles_and_reach_an_otlp_receiver() {
             && ours.iter().filter(|s| s.name == "ingester_write").count() >= 3
             && ours
                 .iter()
-                .filter(|s| s.name == "/fathom.ingester.v1.IngesterService/Write")
+                .filter(|s| s.name == "/fathom.ingester.v1.IngesterService/WriteRecord")
                 .count()
                 >= 3
     });
@@ -271,7 +271,7 @@ fn tracing_spans_cross_the_roles_and_reach_an_otlp_receiver() {
         .iter()
         .filter(|s| {
             s.service.as_deref() == Some("fathom-ingester")
-                && s.name == "/fathom.ingester.v1.IngesterService/Write"
+                && s.name == "/fathom.ingester.v1.IngesterService/WriteRecord"
         })
         .collect();
     assert!(
