@@ -768,20 +768,29 @@ fn push_v1_jfr_and_grafana_on_cluster_roles() {
     assert_eq!(s, 200, "JFR: {}", r.text().unwrap());
 
     // Fathom's HTTP API on the querier: the push.v1 profile's total.
+    // (A querier lists the ingesters in the background, about once a
+    // second: one that has just started may not read every head yet.)
     let q = format!("{CPU}{{service_name=\"pv1-roles\"}}");
-    let v: serde_json::Value = http
-        .get(c.querier.url("/api/v1/query"))
-        .header("X-Scope-OrgID", TENANT)
-        .query(&[
-            ("query", q.as_str()),
-            ("format", "top"),
-            ("start", "now-1h"),
-        ])
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let total = v["total"].as_i64().unwrap_or(0);
+    let t0 = std::time::Instant::now();
+    let (total, v) = loop {
+        let v: serde_json::Value = http
+            .get(c.querier.url("/api/v1/query"))
+            .header("X-Scope-OrgID", TENANT)
+            .query(&[
+                ("query", q.as_str()),
+                ("format", "top"),
+                ("start", "now-1h"),
+            ])
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let total = v["total"].as_i64().unwrap_or(0);
+        if total > 0 || t0.elapsed() > std::time::Duration::from_secs(30) {
+            break (total, v);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
     assert!(total > 0, "{v}");
 
     // Pyroscope's API on the same querier port.
