@@ -392,6 +392,18 @@ impl Querier {
         Ok(plan)
     }
 
+    /// A DataFusion session for one query, under the query's memory pool.
+    fn session(&self) -> Result<SessionContext, QueryError> {
+        let config = SessionConfig::new()
+            .with_target_partitions(2)
+            .with_batch_size(8192)
+            .set_bool("datafusion.execution.parquet.pushdown_filters", true);
+        Ok(SessionContext::new_with_config_rt(
+            config,
+            self.query_runtime()?,
+        ))
+    }
+
     /// A DataFrame over every source of the plan, filtered to the plan's
     /// series, the time range and each source's unique profiles.
     pub(crate) async fn frame(
@@ -400,11 +412,7 @@ impl Querier {
         start: i64,
         end: i64,
     ) -> Result<Option<(SessionContext, DataFrame)>, QueryError> {
-        let config = SessionConfig::new()
-            .with_target_partitions(2)
-            .with_batch_size(8192)
-            .set_bool("datafusion.execution.parquet.pushdown_filters", true);
-        let ctx = SessionContext::new_with_config_rt(config, self.query_runtime()?);
+        let ctx = self.session()?;
         let schema = samples_schema();
         let mut out: Option<DataFrame> = None;
         for src in &plan.sources {
@@ -453,11 +461,7 @@ impl Querier {
         start: i64,
         end: i64,
     ) -> Result<Option<(SessionContext, DataFrame)>, QueryError> {
-        let config = SessionConfig::new()
-            .with_target_partitions(2)
-            .with_batch_size(8192)
-            .set_bool("datafusion.execution.parquet.pushdown_filters", true);
-        let ctx = SessionContext::new_with_config_rt(config, self.query_runtime()?);
+        let ctx = self.session()?;
         let schema = samples_schema();
         let rollup_schema = fathom_block::rollup_schema();
         let mut out: Option<DataFrame> = None;
