@@ -184,7 +184,7 @@ impl NodeArgs {
             },
             Some((ring, n)) => ReadyGate {
                 what: format!(
-                    "registered with the metastore and {n} live ingesters are known (a write's quorum)"
+                    "registered with the metastore and {n} live ingesters are known (a quorum)"
                 ),
                 until: Box::pin(async move {
                     registered.await;
@@ -424,6 +424,7 @@ pub(crate) async fn querier(
     let client = a.node.client(&secret)?;
     let store = a.store.config().build(&a.data_dir)?;
     let mut registry = Registry::default();
+    let ring = a.node.ring(&client);
     let app = fathom_server::querier_app(
         &QuerierRoleConfig {
             querier: a.query.config(),
@@ -435,21 +436,20 @@ pub(crate) async fn querier(
             secret,
             symbols: a.symbols.config(),
         },
-        a.node.ring(&client),
+        ring.clone(),
         Arc::new(client.clone()),
         store,
         &mut registry,
     )
     .await?;
+    // Ready once a quorum of ingesters is known: any quorum holds every
+    // acknowledged write, so the first query already sees them all.
+    let wait = Wait {
+        ingester: None,
+        ring: Some((ring, fathom_api::cluster::quorum(a.replication_factor))),
+    };
     a.node
-        .serve(
-            &client,
-            Role::Querier,
-            registry,
-            app,
-            Wait::default(),
-            shutdown,
-        )
+        .serve(&client, Role::Querier, registry, app, wait, shutdown)
         .await
 }
 

@@ -46,6 +46,13 @@ pub enum ApiError {
     /// Not found (404).
     #[error("{0}")]
     NotFound(String),
+    /// The request asks for something this interface never allows, e.g.
+    /// a write through the read-only SQL interface (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The request ran past its deadline and was stopped (504).
+    #[error("{0}")]
+    Timeout(String),
     /// The service cannot take the request now; retry later (503).
     #[error("{0}")]
     Unavailable(String),
@@ -69,6 +76,8 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RateLimited(_) | ApiError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -80,6 +89,8 @@ impl ApiError {
             ApiError::TooLarge(_) => tonic::Code::InvalidArgument,
             ApiError::RateLimited(_) | ApiError::Throttled { .. } => tonic::Code::ResourceExhausted,
             ApiError::NotFound(_) => tonic::Code::NotFound,
+            ApiError::Forbidden(_) => tonic::Code::PermissionDenied,
+            ApiError::Timeout(_) => tonic::Code::DeadlineExceeded,
             ApiError::Unavailable(_) => tonic::Code::Unavailable,
             ApiError::Internal(_) => tonic::Code::Internal,
         }

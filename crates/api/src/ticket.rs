@@ -1,7 +1,7 @@
 //! Arrow Flight tickets that Fathom decodes itself (Flight SQL commands
 //! are protobuf, decoded by arrow-flight): the JSON tickets of queries
 //! (`{"kind":"merge","query":…}`) and the head-read tickets that queriers
-//! send to ingesters. Outside bytes: bounded in size, refused with a
+//! send to ingesters (served by `fathom_ingester::flight_service`). Outside bytes: bounded in size, refused with a
 //! message, never a panic (fuzzed by `fuzz/fuzz_targets/flight_ticket.rs`).
 
 use std::collections::HashMap;

@@ -236,9 +236,21 @@ fn request(
     }
 }
 
-/// Ingest throughput: 4 concurrent clients push `files` round robin to
-/// `urls` for `secs` with `protocol`. Returns (MB/s of acknowledged
-/// uncompressed pprof, requests, seconds).
+/// Concurrent clients of the ingest runs: `FATHOM_BENCH_INGEST_CLIENTS`
+/// (default 4; issue 13's refusal check used 32).
+fn ingest_clients() -> usize {
+    std::env::var("FATHOM_BENCH_INGEST_CLIENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(4)
+}
+
+/// Ingest throughput: [`ingest_clients`] concurrent clients push `files`
+/// round robin to `urls` for `secs` with `protocol`. Returns (MB/s of
+/// acknowledged uncompressed pprof, requests, seconds). Refused requests
+/// do not count; they are printed (`info: ... refused`) with their
+/// statuses and first message, so that a refusal is never silent.
 async fn push_for(urls: Vec<String>, secs: u64) -> (f64, u64, f64) {
     push_with(Protocol::Ingest, urls, bodies(Protocol::Ingest), secs).await
 }
@@ -251,13 +263,19 @@ async fn push_with(
 ) -> (f64, u64, f64) {
     let bytes = Arc::new(AtomicU64::new(0));
     let reqs = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        u16,
+        (u64, String),
+    >::new()));
     let deadline = Instant::now() + Duration::from_secs(secs);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for w in 0..4usize {
+    let clients = ingest_clients();
+    for w in 0..clients {
         let files = files.clone();
         let bytes = bytes.clone();
         let reqs = reqs.clone();
+        let refused = refused.clone();
         let url = urls[w % urls.len()].clone();
         tasks.push(tokio::spawn(async move {
             let http = reqwest::Client::new();
@@ -268,11 +286,17 @@ async fn push_with(
                     .send()
                     .await
                     .expect("request");
-                if r.status().is_success() {
+                let status = r.status();
+                if status.is_success() {
                     bytes.fetch_add(body.pprof_len, Ordering::Relaxed);
                     reqs.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    let text = r.text().await.unwrap_or_default();
+                    let mut m = refused.lock().unwrap();
+                    let e = m.entry(status.as_u16()).or_insert((0, text));
+                    e.0 += 1;
                 }
-                i += 4;
+                i += clients;
             }
         }));
     }
@@ -281,7 +305,20 @@ async fn push_with(
     }
     let el = t0.elapsed().as_secs_f64();
     let mb = bytes.load(Ordering::Relaxed) as f64 / 1e6;
-    (mb / el, reqs.load(Ordering::Relaxed), el)
+    let acked = reqs.load(Ordering::Relaxed);
+    let refused = refused.lock().unwrap();
+    let n: u64 = refused.values().map(|(n, _)| n).sum();
+    let detail: Vec<String> = refused
+        .iter()
+        .map(|(status, (n, first))| format!("{n} x {status}, first: {}", first.trim()))
+        .collect();
+    println!(
+        "info: {protocol:?} to {} url(s), {clients} clients: {acked} requests acknowledged, {n} refused{}{}",
+        urls.len(),
+        if n > 0 { ": " } else { "" },
+        detail.join("; ")
+    );
+    (mb / el, acked, el)
 }
 
 fn cores() -> usize {
@@ -673,6 +710,12 @@ async fn month_bench(dir: &Path) {
     let mut imp = Importer::new(store, "anonymous", 4_000_000);
     let (mut profiles, mut rows) = (0usize, 0usize);
     let (mut want_month, mut want_day, mut day_profiles) = (0i64, 0i64, 0usize);
+    // The day's profiles, also as one gzip'd pprof file each, for `go
+    // tool pprof` to merge (the peer a user would otherwise reach for).
+    let pprof_dir = dir.join("day-pprof");
+    std::fs::create_dir_all(&pprof_dir).unwrap();
+    let mut pprof_files: Vec<String> = Vec::new();
+    let mut pprof_secs = 0f64;
     while let Some(chunk) = rx.recv().await {
         for p in &chunk {
             rows += p.samples.len();
@@ -682,6 +725,22 @@ async fn month_bench(dir: &Path) {
             if p.time_nanos >= d_start && p.time_nanos <= d_end {
                 want_day += p.total();
                 day_profiles += 1;
+                let tw = Instant::now();
+                let samples: Vec<(fathom_model::Id, i64)> =
+                    p.samples.iter().map(|s| (s.stack, s.value)).collect();
+                let bytes = fathom_pprof::encode(
+                    &p.profile_type,
+                    &samples,
+                    &symbols,
+                    p.time_nanos,
+                    p.duration_nanos,
+                    p.period,
+                );
+                // Short relative names: a day is ~86 k arguments.
+                let name = format!("{:x}", pprof_files.len());
+                std::fs::write(pprof_dir.join(&name), bytes).unwrap();
+                pprof_files.push(name);
+                pprof_secs += tw.elapsed().as_secs_f64();
             }
         }
         profiles += chunk.len();
@@ -701,10 +760,10 @@ async fn month_bench(dir: &Path) {
         .sum();
     let bytes: u64 = metas.iter().map(|m| m.stats.bytes).sum();
     println!(
-        "info: month bench: imported {profiles} profiles ({rows} rows, {days} days, {} instances) into {} blocks in {:.1} s; {bytes} bytes of Parquet, {rollup_bytes} of them rollups",
+        "info: month bench: imported {profiles} profiles ({rows} rows, {days} days, {} instances) into {} blocks in {:.1} s (generation included; writing the day's pprof files for go tool pprof, {pprof_secs:.1} s, excluded); {bytes} bytes of Parquet, {rollup_bytes} of them rollups",
         spec.instances,
         metas.len(),
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64() - pprof_secs
     );
     let _ = std::fs::remove_dir_all(dir.join("cache"));
     let srv = start(dir).await; // a fresh metastore imports the bucket's blocks
@@ -750,6 +809,54 @@ async fn month_bench(dir: &Path) {
         quantile(&mut sql, 0.5) / quantile(&mut s_day, 0.5)
     );
     srv.stop().await;
+    go_pprof_day(&pprof_dir, &pprof_files, want_day, quantile(&mut day, 0.5));
+}
+
+/// Times `go tool pprof -proto` merging the day's profile files (one
+/// process, as a user would run it), checks its total against ours and
+/// prints it next to our day merge. Skipped, saying so, without Go.
+fn go_pprof_day(dir: &Path, files: &[String], want: i64, ours: f64) {
+    let t = Instant::now();
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-proto"])
+        .args(files)
+        .current_dir(dir)
+        .env("PPROF_TMPDIR", dir)
+        .output();
+    let secs = t.elapsed().as_secs_f64();
+    let out = match out {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            println!(
+                "info: go tool pprof failed ({}): {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            );
+            return;
+        }
+        Err(e) => {
+            println!("info: go tool pprof not run: {e}");
+            return;
+        }
+    };
+    let p = fathom_pprof::decode(
+        &out.stdout,
+        &fathom_pprof::Limits {
+            max_decompressed_bytes: 1 << 30,
+            ..Default::default()
+        },
+    )
+    .expect("go tool pprof's output decodes");
+    let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+    assert_eq!(total, want, "go tool pprof's day total equals ours");
+    println!(
+        "figure go_pprof_merge_day: {secs:.3} s for {} profile files (go tool pprof -proto, total {total}); our day merge: median {ours:.3} s; ratio {:.1}",
+        files.len(),
+        secs / ours
+    );
 }
 
 /// As `merge_latency`, with nanosecond bounds (whole milliseconds):

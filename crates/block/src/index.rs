@@ -5,19 +5,23 @@ use parking_lot::RwLock;
 use crate::meta::BlockMeta;
 
 /// Why the block index could not answer or record something (for example,
-/// the metastore is unreachable or refused the change). Callers must treat
-/// it as "unknown", never as "no blocks": a query that cannot list blocks
-/// fails instead of silently missing data.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IndexError(pub String);
-
-impl std::fmt::Display for IndexError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "block index: {}", self.0)
-    }
+/// the metastore is unreachable or refused the change), its cause kept as
+/// the source. Callers must treat it as "unknown", never as "no blocks": a
+/// query that cannot list blocks fails instead of silently missing data.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("block index: {source}")]
+pub struct IndexError {
+    #[source]
+    source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
 }
 
-impl std::error::Error for IndexError {}
+impl IndexError {
+    pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        IndexError {
+            source: std::sync::Arc::from(source.into()),
+        }
+    }
+}
 
 /// Where blocks are found at query time: the index of blocks per tenant and
 /// time range. Queriers never list the bucket.

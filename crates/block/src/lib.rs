@@ -39,7 +39,7 @@ pub use meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 pub use read::{list_blocks, read_meta, read_profiles, read_samples, read_series, read_symbols};
 pub use rollup::{Cover, DAY_NANOS, HOUR_NANOS, bucket_start, full_buckets};
 pub use schema::{
-    ProfileRow, SeriesRow, profiles_schema, rollup_schema, samples_schema, series_schema,
+    ProfileRow, SeriesRow, columns, profiles_schema, rollup_schema, samples_schema, series_schema,
     stacks_schema,
 };
 pub use write::{BlockData, SamplesBuilder, encode_block, write_block};

@@ -3,6 +3,42 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use fathom_model::{Id, Labels, Profile, ProfileType};
 
+/// The column names of the block files (the schemas below are built from
+/// them): readers that name a column (DataFusion expressions,
+/// `column_by_name`) use these, never a string of their own.
+pub mod columns {
+    pub const SERIES_ID: &str = "series_id";
+    pub const TIME_NANOS: &str = "time_nanos";
+    pub const PROFILE_ID: &str = "profile_id";
+    pub const STACK_ID: &str = "stack_id";
+    pub const VALUE: &str = "value";
+    pub const BUCKET_WIDTH_NANOS: &str = "bucket_width_nanos";
+    pub const BUCKET_START_NANOS: &str = "bucket_start_nanos";
+    pub const DURATION_NANOS: &str = "duration_nanos";
+    pub const PERIOD: &str = "period";
+    pub const SAMPLES: &str = "samples";
+    pub const PROFILE_TYPE: &str = "profile_type";
+    pub const SERVICE_NAME: &str = "service_name";
+    pub const LABELS: &str = "labels";
+    pub const MIN_TIME_NANOS: &str = "min_time_nanos";
+    pub const MAX_TIME_NANOS: &str = "max_time_nanos";
+    pub const LOCATION_IDS: &str = "location_ids";
+    pub const LOCATION_ID: &str = "location_id";
+    pub const MAPPING_ID: &str = "mapping_id";
+    pub const ADDRESS: &str = "address";
+    pub const LINE_FUNCTION_IDS: &str = "line_function_ids";
+    pub const LINE_NUMBERS: &str = "line_numbers";
+    pub const FUNCTION_ID: &str = "function_id";
+    pub const NAME: &str = "name";
+    pub const SYSTEM_NAME: &str = "system_name";
+    pub const FILENAME: &str = "filename";
+    pub const START_LINE: &str = "start_line";
+    pub const MEMORY_START: &str = "memory_start";
+    pub const MEMORY_LIMIT: &str = "memory_limit";
+    pub const FILE_OFFSET: &str = "file_offset";
+    pub const BUILD_ID: &str = "build_id";
+}
+
 pub(crate) const ID: DataType = DataType::FixedSizeBinary(16);
 
 fn id_field(name: &str) -> Field {
@@ -13,11 +49,11 @@ fn id_field(name: &str) -> Field {
 /// time_nanos, profile_id, stack_id.
 pub fn samples_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        id_field("series_id"),
-        Field::new("time_nanos", DataType::Int64, false),
-        id_field("profile_id"),
-        id_field("stack_id"),
-        Field::new("value", DataType::Int64, false),
+        id_field(columns::SERIES_ID),
+        Field::new(columns::TIME_NANOS, DataType::Int64, false),
+        id_field(columns::PROFILE_ID),
+        id_field(columns::STACK_ID),
+        Field::new(columns::VALUE, DataType::Int64, false),
     ]))
 }
 
@@ -26,43 +62,43 @@ pub fn samples_schema() -> SchemaRef {
 /// series_id, bucket_width_nanos, bucket_start_nanos, stack_id.
 pub fn rollup_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        id_field("series_id"),
-        Field::new("bucket_width_nanos", DataType::Int64, false),
-        Field::new("bucket_start_nanos", DataType::Int64, false),
-        id_field("stack_id"),
-        Field::new("value", DataType::Int64, false),
+        id_field(columns::SERIES_ID),
+        Field::new(columns::BUCKET_WIDTH_NANOS, DataType::Int64, false),
+        Field::new(columns::BUCKET_START_NANOS, DataType::Int64, false),
+        id_field(columns::STACK_ID),
+        Field::new(columns::VALUE, DataType::Int64, false),
     ]))
 }
 
 /// `profiles`: one row per profile.
 pub fn profiles_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        id_field("profile_id"),
-        id_field("series_id"),
-        Field::new("time_nanos", DataType::Int64, false),
-        Field::new("duration_nanos", DataType::Int64, false),
-        Field::new("period", DataType::Int64, false),
-        Field::new("samples", DataType::UInt64, false),
+        id_field(columns::PROFILE_ID),
+        id_field(columns::SERIES_ID),
+        Field::new(columns::TIME_NANOS, DataType::Int64, false),
+        Field::new(columns::DURATION_NANOS, DataType::Int64, false),
+        Field::new(columns::PERIOD, DataType::Int64, false),
+        Field::new(columns::SAMPLES, DataType::UInt64, false),
     ]))
 }
 
 /// `series`: one row per series present in the block.
 pub fn series_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        id_field("series_id"),
-        Field::new("profile_type", DataType::Utf8, false),
-        Field::new("service_name", DataType::Utf8, false),
-        Field::new("labels", DataType::Utf8, false),
-        Field::new("min_time_nanos", DataType::Int64, false),
-        Field::new("max_time_nanos", DataType::Int64, false),
+        id_field(columns::SERIES_ID),
+        Field::new(columns::PROFILE_TYPE, DataType::Utf8, false),
+        Field::new(columns::SERVICE_NAME, DataType::Utf8, false),
+        Field::new(columns::LABELS, DataType::Utf8, false),
+        Field::new(columns::MIN_TIME_NANOS, DataType::Int64, false),
+        Field::new(columns::MAX_TIME_NANOS, DataType::Int64, false),
     ]))
 }
 
 pub fn stacks_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        id_field("stack_id"),
+        id_field(columns::STACK_ID),
         Field::new(
-            "location_ids",
+            columns::LOCATION_IDS,
             DataType::List(Arc::new(Field::new("item", ID, false))),
             false,
         ),
@@ -71,16 +107,16 @@ pub fn stacks_schema() -> SchemaRef {
 
 pub(crate) fn locations_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        id_field("location_id"),
-        id_field("mapping_id"),
-        Field::new("address", DataType::UInt64, false),
+        id_field(columns::LOCATION_ID),
+        id_field(columns::MAPPING_ID),
+        Field::new(columns::ADDRESS, DataType::UInt64, false),
         Field::new(
-            "line_function_ids",
+            columns::LINE_FUNCTION_IDS,
             DataType::List(Arc::new(Field::new("item", ID, false))),
             false,
         ),
         Field::new(
-            "line_numbers",
+            columns::LINE_NUMBERS,
             DataType::List(Arc::new(Field::new("item", DataType::Int64, false))),
             false,
         ),
@@ -89,22 +125,22 @@ pub(crate) fn locations_schema() -> SchemaRef {
 
 pub(crate) fn functions_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        id_field("function_id"),
-        Field::new("name", DataType::Utf8, false),
-        Field::new("system_name", DataType::Utf8, false),
-        Field::new("filename", DataType::Utf8, false),
-        Field::new("start_line", DataType::Int64, false),
+        id_field(columns::FUNCTION_ID),
+        Field::new(columns::NAME, DataType::Utf8, false),
+        Field::new(columns::SYSTEM_NAME, DataType::Utf8, false),
+        Field::new(columns::FILENAME, DataType::Utf8, false),
+        Field::new(columns::START_LINE, DataType::Int64, false),
     ]))
 }
 
 pub(crate) fn mappings_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        id_field("mapping_id"),
-        Field::new("memory_start", DataType::UInt64, false),
-        Field::new("memory_limit", DataType::UInt64, false),
-        Field::new("file_offset", DataType::UInt64, false),
-        Field::new("filename", DataType::Utf8, false),
-        Field::new("build_id", DataType::Utf8, false),
+        id_field(columns::MAPPING_ID),
+        Field::new(columns::MEMORY_START, DataType::UInt64, false),
+        Field::new(columns::MEMORY_LIMIT, DataType::UInt64, false),
+        Field::new(columns::FILE_OFFSET, DataType::UInt64, false),
+        Field::new(columns::FILENAME, DataType::Utf8, false),
+        Field::new(columns::BUILD_ID, DataType::Utf8, false),
     ]))
 }
 
@@ -159,5 +195,43 @@ impl ProfileRow {
             period: p.period,
             samples: p.samples.len() as u64,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names readers use are the names the files are written with,
+    /// in the documented order.
+    #[test]
+    fn column_names_are_the_schemas_names() {
+        let names =
+            |s: SchemaRef| -> Vec<String> { s.fields().iter().map(|f| f.name().clone()).collect() };
+        assert_eq!(
+            names(samples_schema()),
+            [
+                columns::SERIES_ID,
+                columns::TIME_NANOS,
+                columns::PROFILE_ID,
+                columns::STACK_ID,
+                columns::VALUE
+            ]
+        );
+        assert_eq!(
+            names(rollup_schema()),
+            [
+                columns::SERIES_ID,
+                columns::BUCKET_WIDTH_NANOS,
+                columns::BUCKET_START_NANOS,
+                columns::STACK_ID,
+                columns::VALUE
+            ]
+        );
+        assert_eq!(
+            names(samples_schema()),
+            ["series_id", "time_nanos", "profile_id", "stack_id", "value"],
+            "a renamed column is a format change (docs/block-format.md)"
+        );
     }
 }

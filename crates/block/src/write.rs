@@ -63,6 +63,16 @@ impl SamplesBuilder {
         }
     }
 
+    /// [`SamplesBuilder::push_profile`] for an owner of `p` that knows its
+    /// series id: sorts `p.samples` by stack in place instead of copying
+    /// them (the head's write path).
+    pub fn push_owned_profile(&mut self, p: &mut Profile, series_id: &Id) {
+        p.samples.sort_unstable_by_key(|s| s.stack);
+        for s in &p.samples {
+            self.push(series_id, p.time_nanos, &p.id, &s.stack, s.value);
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.time.len()
     }

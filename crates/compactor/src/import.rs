@@ -47,6 +47,10 @@ pub struct Importer {
     days: BTreeMap<i64, Day>,
     rows: usize,
     written: Vec<BlockMeta>,
+    /// The block being encoded and uploaded while more profiles are
+    /// buffered: at most one, so memory stays bounded (one buffer and
+    /// one block in flight) and encoding overlaps decoding/generation.
+    pending: Option<tokio::task::JoinHandle<Result<BlockMeta, Error>>>,
 }
 
 impl Importer {
@@ -62,6 +66,7 @@ impl Importer {
             days: BTreeMap::new(),
             rows: 0,
             written: Vec::new(),
+            pending: None,
         }
     }
 
@@ -122,12 +127,28 @@ impl Importer {
             symbols: d.symbols,
             rollup_widths_nanos: vec![HOUR_NANOS, DAY_NANOS],
         };
-        let (meta, files) = tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))??;
-        fathom_block::write_block(self.store.as_ref(), &meta, files).await?;
-        tracing::info!(tenant = %self.tenant, block = %meta.id, profiles = meta.stats.profiles, "imported block");
-        self.written.push(meta);
+        // One block in flight: wait for the previous one first.
+        self.wait_pending().await?;
+        let store = self.store.clone();
+        let tenant = self.tenant.clone();
+        self.pending = Some(tokio::spawn(async move {
+            let (meta, files) =
+                tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
+                    .await
+                    .map_err(|e| Error::Task(e.to_string()))??;
+            fathom_block::write_block(store.as_ref(), &meta, files).await?;
+            tracing::info!(%tenant, block = %meta.id, profiles = meta.stats.profiles, "imported block");
+            Ok(meta)
+        }));
+        Ok(())
+    }
+
+    /// Waits for the block in flight, if any.
+    async fn wait_pending(&mut self) -> Result<(), Error> {
+        if let Some(h) = self.pending.take() {
+            let meta = h.await.map_err(|e| Error::Task(e.to_string()))??;
+            self.written.push(meta);
+        }
         Ok(())
     }
 
@@ -137,6 +158,7 @@ impl Importer {
         for d in days {
             self.flush(d).await?;
         }
+        self.wait_pending().await?;
         Ok(self.written)
     }
 }
@@ -384,7 +406,7 @@ mod tests {
             profiles += m.stats.profiles;
             let raw = sum(
                 &parquet(store.as_ref(), m, fathom_block::files::SAMPLES).await,
-                "value",
+                fathom_block::columns::VALUE,
             );
             let rollup = parquet(store.as_ref(), m, fathom_block::files::ROLLUP).await;
             // Each width's rows add up to the raw samples.

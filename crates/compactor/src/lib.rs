@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, BooleanArray, FixedSizeBinaryArray, RecordBatch};
-use fathom_block::{BlockData, BlockMeta, ProfileRow, SeriesRow, block_dir};
+use fathom_block::{BlockData, BlockMeta, ProfileRow, SeriesRow, block_dir, columns};
 use fathom_model::{Id, IdHasher, Symbols};
 use futures::TryStreamExt;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -32,10 +32,33 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+/// Why the compaction index (the metastore) could not answer or record a
+/// change: the operation, and the index's own error as the source.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct CompactionIndexError {
+    /// What was asked, e.g. "listing blocks".
+    pub what: &'static str,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl CompactionIndexError {
+    pub fn new(
+        what: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        CompactionIndexError {
+            what,
+            source: source.into(),
+        }
+    }
+}
+
 /// What the compactor needs of the metastore.
 #[async_trait::async_trait]
 pub trait CompactionIndex: Send + Sync + 'static {
-    async fn all(&self) -> Result<Vec<BlockMeta>, String>;
+    async fn all(&self) -> Result<Vec<BlockMeta>, CompactionIndexError>;
     /// Adds `add` and removes `remove` of `tenant` in one step; removed
     /// blocks become pending deletion.
     async fn replace(
@@ -43,14 +66,19 @@ pub trait CompactionIndex: Send + Sync + 'static {
         tenant: &str,
         add: Vec<BlockMeta>,
         remove: Vec<String>,
-    ) -> Result<(), String>;
+    ) -> Result<(), CompactionIndexError>;
     /// Removed blocks and when they were removed (unix ms).
-    async fn pending_deletions(&self) -> Result<Vec<(BlockMeta, i64)>, String>;
+    async fn pending_deletions(&self) -> Result<Vec<(BlockMeta, i64)>, CompactionIndexError>;
     /// Forgets pending deletions whose files are gone.
-    async fn purge(&self, tenant: &str, ids: Vec<String>) -> Result<(), String>;
+    async fn purge(&self, tenant: &str, ids: Vec<String>) -> Result<(), CompactionIndexError>;
     /// A lease on `job` for `owner` (true when granted or renewed).
-    async fn acquire(&self, job: &str, owner: &str, ttl: Duration) -> Result<bool, String>;
-    async fn release(&self, job: &str, owner: &str) -> Result<(), String>;
+    async fn acquire(
+        &self,
+        job: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, CompactionIndexError>;
+    async fn release(&self, job: &str, owner: &str) -> Result<(), CompactionIndexError>;
 }
 
 /// Fills in, before a merged block is written, the functions of locations
@@ -115,7 +143,7 @@ impl std::fmt::Debug for RetentionOverrides {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("block index: {0}")]
-    Index(String),
+    Index(#[from] CompactionIndexError),
     #[error(transparent)]
     Block(#[from] fathom_block::Error),
     #[error("object store: {0}")]
@@ -266,7 +294,7 @@ pub async fn merge(
                 samples.push(batch);
                 continue;
             }
-            let pid = id_col(&batch, "profile_id")?;
+            let pid = id_col(&batch, columns::PROFILE_ID)?;
             let keep: BooleanArray = (0..pid.len())
                 .map(|i| Some(!Id::from_slice(pid.value(i)).is_some_and(|id| dup.contains(&id))))
                 .collect();
@@ -574,7 +602,7 @@ impl MemoryCompactionIndex {
 
 #[async_trait::async_trait]
 impl CompactionIndex for MemoryCompactionIndex {
-    async fn all(&self) -> Result<Vec<BlockMeta>, String> {
+    async fn all(&self) -> Result<Vec<BlockMeta>, CompactionIndexError> {
         Ok(self.state.lock().blocks.values().cloned().collect())
     }
 
@@ -583,7 +611,7 @@ impl CompactionIndex for MemoryCompactionIndex {
         _tenant: &str,
         add: Vec<BlockMeta>,
         remove: Vec<String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), CompactionIndexError> {
         let mut s = self.state.lock();
         let now = now_ms();
         for id in remove {
@@ -597,11 +625,11 @@ impl CompactionIndex for MemoryCompactionIndex {
         Ok(())
     }
 
-    async fn pending_deletions(&self) -> Result<Vec<(BlockMeta, i64)>, String> {
+    async fn pending_deletions(&self) -> Result<Vec<(BlockMeta, i64)>, CompactionIndexError> {
         Ok(self.state.lock().pending.clone())
     }
 
-    async fn purge(&self, tenant: &str, ids: Vec<String>) -> Result<(), String> {
+    async fn purge(&self, tenant: &str, ids: Vec<String>) -> Result<(), CompactionIndexError> {
         self.state
             .lock()
             .pending
@@ -609,7 +637,12 @@ impl CompactionIndex for MemoryCompactionIndex {
         Ok(())
     }
 
-    async fn acquire(&self, job: &str, owner: &str, ttl: Duration) -> Result<bool, String> {
+    async fn acquire(
+        &self,
+        job: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, CompactionIndexError> {
         let mut s = self.state.lock();
         let now = now_ms();
         match s.leases.get(job) {
@@ -624,7 +657,7 @@ impl CompactionIndex for MemoryCompactionIndex {
         }
     }
 
-    async fn release(&self, job: &str, owner: &str) -> Result<(), String> {
+    async fn release(&self, job: &str, owner: &str) -> Result<(), CompactionIndexError> {
         let mut s = self.state.lock();
         if s.leases.get(job).is_some_and(|(o, _)| o == owner) {
             s.leases.remove(job);
@@ -725,9 +758,9 @@ mod tests {
     async fn totals(store: &dyn ObjectStore, b: &BlockMeta) -> BTreeMap<Id, i64> {
         let mut out = BTreeMap::new();
         for batch in fathom_block::read_samples(store, b).await.unwrap() {
-            let pid = id_col(&batch, "profile_id").unwrap();
+            let pid = id_col(&batch, columns::PROFILE_ID).unwrap();
             let v = batch
-                .column_by_name("value")
+                .column_by_name(columns::VALUE)
                 .unwrap()
                 .as_any()
                 .downcast_ref::<arrow::array::Int64Array>()

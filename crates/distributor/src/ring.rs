@@ -118,7 +118,10 @@ impl GrpcReplicas {
 #[async_trait::async_trait]
 impl ReplicaClient for GrpcReplicas {
     async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError> {
-        let ch = self.0.get(&to.addr).map_err(ReplicaError::Failed)?;
+        let ch = self
+            .0
+            .get(&to.addr)
+            .map_err(|e| ReplicaError::Failed(format!("{}: {e}", to.id)))?;
         let mut req = tonic::Request::new(Record { record });
         fathom_api::trace_context::inject(&mut req);
         IngesterServiceClient::new(ch)
@@ -143,12 +146,28 @@ struct RingMetrics {
     quorum_failures: Counter,
 }
 
+/// Replica writes one distributor has in flight to one ingester at most;
+/// more wait here, in the distributor, before their deadline starts.
+///
+/// Every ingester takes a share of every write (all of them with RF=3 and
+/// three ingesters) and works through its writes one group commit at a
+/// time; without a bound, a burst of writes (the distributor admits up to
+/// `--max-inflight-writes` requests) all start their `--write-timeout`
+/// at once inside the ingester, and under load the last ones time out
+/// although every replica is up and working (issue 13: 503s with 32
+/// clients). Waiting here keeps each replica write's deadline for the
+/// ingester's own work, and the client sees latency (backpressure), not
+/// a refusal. Eight keep an ingester's group commits full.
+pub const MAX_WRITES_PER_REPLICA: usize = 8;
+
 /// The distributor's write target in a cluster.
 pub struct ReplicatedWriter {
     ingesters: Arc<dyn Ingesters>,
     client: Arc<dyn ReplicaClient>,
     replication_factor: usize,
     metrics: RingMetrics,
+    /// One [`MAX_WRITES_PER_REPLICA`] bound per ingester id.
+    per_replica: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl ReplicatedWriter {
@@ -175,7 +194,17 @@ impl ReplicatedWriter {
             client,
             replication_factor: replication_factor.max(1),
             metrics,
+            per_replica: parking_lot::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The bound on writes in flight to ingester `id`.
+    fn replica_bound(&self, id: &str) -> Arc<tokio::sync::Semaphore> {
+        self.per_replica
+            .lock()
+            .entry(id.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(MAX_WRITES_PER_REPLICA)))
+            .clone()
     }
 }
 
@@ -191,11 +220,17 @@ fn groups(batch: IngestBatch) -> Vec<(RingKey, IngestBatch)> {
         let k = RingKey::of(&tenant, &p.labels);
         by.entry(k.0).or_insert_with(|| (k, Vec::new())).1.push(p);
     }
-    let single = by.len() == 1;
+    // One group (the usual write: one series) takes the symbols by move;
+    // several take the part each needs.
+    let (mut whole, symbols) = if by.len() == 1 {
+        (Some(symbols), Symbols::default())
+    } else {
+        (None, symbols)
+    };
     by.into_values()
         .map(|(k, profiles)| {
-            let syms: Symbols = if single {
-                symbols.clone()
+            let syms: Symbols = if let Some(all) = whole.take() {
+                all
             } else {
                 symbols.subset(
                     profiles
@@ -247,7 +282,13 @@ impl IngesterWriter for ReplicatedWriter {
                         profiles = group_profiles,
                         otel.kind = "client",
                     );
-                    async move { (t, self.client.write(t, record).await) }.instrument(span)
+                    let bound = self.replica_bound(&t.id);
+                    async move {
+                        // Never closed, so acquiring only waits.
+                        let _slot = bound.acquire_owned().await;
+                        (t, self.client.write(t, record).await)
+                    }
+                    .instrument(span)
                 });
                 let results = futures::future::join_all(sends).await;
                 let mut ok = 0;
@@ -447,6 +488,56 @@ mod tests {
             &mut Registry::default(),
         );
         (w, fake)
+    }
+
+    /// Counts the writes in flight to each ingester.
+    #[derive(Default)]
+    struct Counting {
+        now: Mutex<BTreeMap<String, usize>>,
+        max: Mutex<BTreeMap<String, usize>>,
+    }
+
+    #[async_trait::async_trait]
+    impl ReplicaClient for Counting {
+        async fn write(&self, to: &IngesterAddr, _: bytes::Bytes) -> Result<(), ReplicaError> {
+            {
+                let mut now = self.now.lock();
+                let n = now.entry(to.id.clone()).or_default();
+                *n += 1;
+                let mut max = self.max.lock();
+                let m = max.entry(to.id.clone()).or_default();
+                *m = (*m).max(*n);
+            }
+            // Long enough for every other write of the burst to arrive.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            *self.now.lock().get_mut(&to.id).unwrap() -= 1;
+            Ok(())
+        }
+    }
+
+    /// A burst of writes (more than the distributor lets in flight to one
+    /// ingester) waits in the distributor: each ingester sees at most
+    /// MAX_WRITES_PER_REPLICA at once, and every write is acknowledged.
+    #[tokio::test]
+    async fn a_burst_waits_for_replica_slots_instead_of_piling_on_ingesters() {
+        let client = Arc::new(Counting::default());
+        let w = ReplicatedWriter::new(
+            Arc::new(StaticIngesters(members(3))),
+            client.clone(),
+            3,
+            &mut Registry::default(),
+        );
+        let writes = (0..5 * MAX_WRITES_PER_REPLICA).map(|_| w.write(batch(1)));
+        let results = futures::future::join_all(writes).await;
+        assert!(results.iter().all(Result::is_ok));
+        let max = client.max.lock().clone();
+        assert_eq!(max.len(), 3, "every ingester took writes");
+        for (id, m) in max {
+            assert_eq!(
+                m, MAX_WRITES_PER_REPLICA,
+                "{id}: at most the bound, and the bound used"
+            );
+        }
     }
 
     #[tokio::test]

@@ -70,13 +70,57 @@ fn answer(
             span.record("rows", rows as i64);
             Ok(Response::new(WriteResponse {}))
         }
-        Err(e @ Error::Record(_)) => Err(Status::invalid_argument(format!(
-            "{e}: {}",
-            std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
-        ))),
-        Err(e @ Error::ShuttingDown) => Err(Status::unavailable(e.to_string())),
-        // The tenant's own limit: the distributor passes it on, not retried.
-        Err(e @ Error::SeriesLimit { .. }) => Err(Status::resource_exhausted(e.to_string())),
-        Err(e) => Err(Status::unavailable(format!("ingester: {e}"))),
+        Err(e) => Err(fathom_api::ApiError::from(e).into()),
+    }
+}
+
+/// An ingester's errors in the API's one mapping: a record that cannot be
+/// decoded is the sender's (400 / `INVALID_ARGUMENT`); the tenant's own
+/// series limit is not retryable as is (429 / `RESOURCE_EXHAUSTED`: the
+/// distributor passes it on); everything else is this ingester's state,
+/// retryable on another replica (503 / `UNAVAILABLE`).
+impl From<Error> for fathom_api::ApiError {
+    fn from(e: Error) -> Self {
+        use fathom_api::ApiError;
+        match e {
+            e @ Error::Record(_) => ApiError::BadRequest(format!(
+                "{e}: {}",
+                std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
+            )),
+            e @ Error::ShuttingDown => ApiError::Unavailable(e.to_string()),
+            e @ Error::SeriesLimit { .. } => ApiError::RateLimited(e.to_string()),
+            e => ApiError::Unavailable(format!("ingester: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_errors_map_to_one_status() {
+        let bad = Error::Record(fathom_proto::ConvertError::UnknownStack);
+        let s = Status::from(fathom_api::ApiError::from(bad));
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert!(
+            s.message().contains("could not be decoded: "),
+            "{}",
+            s.message()
+        );
+        let limit = Error::SeriesLimit {
+            tenant: fathom_model::TenantId::new("t").unwrap(),
+            limit: 1,
+            series: 1,
+            new: 1,
+        };
+        let api = fathom_api::ApiError::from(limit);
+        assert_eq!(api.grpc_code(), tonic::Code::ResourceExhausted);
+        assert_eq!(api.status().as_u16(), 429);
+        let full = fathom_api::ApiError::from(Error::HeadFull { held: 2, limit: 1 });
+        assert_eq!(full.grpc_code(), tonic::Code::Unavailable);
+        assert!(full.to_string().starts_with("ingester: "), "{full}");
+        let down = fathom_api::ApiError::from(Error::ShuttingDown);
+        assert_eq!(down.grpc_code(), tonic::Code::Unavailable);
     }
 }

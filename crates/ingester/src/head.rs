@@ -31,24 +31,27 @@ impl TenantHead {
     /// (new entries only), nothing is cloned.
     pub(crate) fn apply(&mut self, batch: IngestBatch) -> usize {
         let mut b = SamplesBuilder::with_capacity(batch.sample_count());
-        for p in &batch.profiles {
+        let IngestBatch {
+            profiles, symbols, ..
+        } = batch;
+        for mut p in profiles {
             if !self.profile_ids.insert(p.id) {
                 continue;
             }
             let sid = p.series_id();
             self.series
                 .entry(sid)
-                .or_insert_with(|| SeriesRow::of(p))
+                .or_insert_with(|| SeriesRow::of(&p))
                 .include(p.time_nanos);
-            self.profiles.push(ProfileRow::of(p, sid));
-            b.push_profile(p);
+            self.profiles.push(ProfileRow::of(&p, sid));
+            b.push_owned_profile(&mut p, &sid);
         }
         let added = b.len();
         if added == 0 {
             return 0;
         }
         let before = self.symbols.stacks.len() + self.symbols.locations.len();
-        self.symbols.merge_owned(batch.symbols);
+        self.symbols.merge_owned(symbols);
         let new_syms = self.symbols.stacks.len() + self.symbols.locations.len() - before;
         self.recent.push(b.finish());
         if self.recent.len() >= RECENT_BATCHES {
@@ -91,11 +94,18 @@ impl TenantHead {
     }
 }
 
-/// A consistent view of one tenant's head for a query.
-#[derive(Clone, Default)]
+/// A consistent view of one tenant's head for a query: what
+/// [`crate::Ingester::snapshot`] returns in process, what the head-read
+/// Flight service sends (series and profiles as the JSON app metadata of
+/// the first message, samples as the Arrow batches) and what
+/// [`crate::FlightHeads`] gives back.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct HeadSnapshot {
     pub series: Vec<SeriesRow>,
     pub profiles: Vec<ProfileRow>,
+    /// Rows in `fathom_block::samples_schema()`; travel as Flight batches,
+    /// not in the metadata.
+    #[serde(skip)]
     pub samples: Vec<RecordBatch>,
 }
 

@@ -29,6 +29,12 @@
 //!   client retries do not double count within a head; across a head and a
 //!   block the querier removes duplicates by profile id.
 //!
+//! Reads: the ingester owns its read API. In process, [`Ingester::snapshot`]
+//! and [`Ingester::symbols`]; across processes, the head-read Flight service
+//! ([`flight_service`], tickets [`HeadTicket`]) and its client
+//! ([`FlightHeads`]), both speaking [`HeadSnapshot`] and
+//! `fathom_proto::ingester::HeadSymbols`.
+//!
 //! Failure modes: object storage down → uploads retry with backoff while
 //! writes keep being acknowledged (the WAL grows) until the heads, those
 //! waiting to be stored included, reach `max_head_memory`; then writes are
@@ -36,8 +42,10 @@
 //! a crash → replay on start;
 //! a torn WAL tail (crash mid-append, never acknowledged) is truncated.
 
+mod flight;
 mod grpc;
 mod head;
+mod remote;
 mod wal;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -53,9 +61,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+pub use fathom_api::ticket::{HeadTicket, MAX_HEAD_STACKS};
+pub use flight::{HeadFlight, flight_service};
 pub use grpc::{WriteServer, write_service};
 pub use head::HeadSnapshot;
 use head::TenantHead;
+pub use remote::{FlightHeads, ReadError};
 pub use wal::WalError;
 use wal::{Wal, WalMetrics};
 
@@ -564,6 +575,9 @@ impl Ingester {
 }
 
 #[cfg(test)]
+mod replication_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use fathom_block::MemoryIndex;
@@ -722,7 +736,7 @@ mod tests {
     impl BlockIndex for FlakyIndex {
         async fn add(&self, meta: BlockMeta) -> Result<(), fathom_block::IndexError> {
             if !self.healthy.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(fathom_block::IndexError("metastore unreachable".into()));
+                return Err(fathom_block::IndexError::new("metastore unreachable"));
             }
             self.inner.add(meta).await
         }

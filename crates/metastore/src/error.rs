@@ -69,6 +69,6 @@ pub enum MetastoreError {
 
 impl From<MetastoreError> for fathom_block::IndexError {
     fn from(e: MetastoreError) -> Self {
-        fathom_block::IndexError(e.to_string())
+        fathom_block::IndexError::new(e)
     }
 }

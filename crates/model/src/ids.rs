@@ -62,23 +62,56 @@ pub type IdSet = std::collections::HashSet<Id, foldhash::fast::RandomState>;
 /// variable-length field is length-prefixed, so `("ab","c")` and `("a","bc")`
 /// differ. The encoding is collected in a buffer and hashed once with
 /// xxh3-128 (seed 0), stable across builds and hosts; one-shot hashing of
-/// short inputs is much cheaper than a streaming state. The buffer lives on
-/// the stack up to 1 KiB (functions with names of a few hundred bytes,
-/// locations, stacks of up to 62 frames), so most ids cost no allocation.
-pub struct IdHasher(smallvec::SmallVec<[u8; 1024]>);
+/// short inputs is much cheaper than a streaming state. The buffer is an
+/// array on the stack up to [`IdHasher::INLINE`] bytes (functions with
+/// names of a few hundred bytes, locations with a few inlined lines), then
+/// a `Vec`, so most ids cost no allocation; appending is a bounds check
+/// and a copy.
+pub struct IdHasher {
+    inline: [u8; IdHasher::INLINE],
+    len: usize,
+    /// The whole encoding once it outgrew `inline` (empty until then).
+    spill: Vec<u8>,
+}
 
 impl IdHasher {
+    /// Bytes of encoding kept on the stack.
+    pub const INLINE: usize = 512;
+
     /// `domain` separates kinds of ids (a function and a mapping with the
     /// same bytes never share an id).
     pub fn new(domain: &str) -> Self {
-        let mut h = IdHasher(smallvec::SmallVec::new());
+        let mut h = IdHasher {
+            inline: [0; IdHasher::INLINE],
+            len: 0,
+            spill: Vec::new(),
+        };
         h.str(domain);
         h
     }
 
+    #[inline]
+    fn put(&mut self, b: &[u8]) {
+        if self.spill.is_empty() {
+            if let Some(dst) = self
+                .len
+                .checked_add(b.len())
+                .and_then(|end| self.inline.get_mut(self.len..end))
+            {
+                dst.copy_from_slice(b);
+                self.len += b.len();
+                return;
+            }
+            self.spill
+                .reserve(self.len.saturating_add(b.len()).max(2 * IdHasher::INLINE));
+            self.spill.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.spill.extend_from_slice(b);
+    }
+
     pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
-        self.0.extend_from_slice(&(b.len() as u64).to_le_bytes());
-        self.0.extend_from_slice(b);
+        self.put(&(b.len() as u64).to_le_bytes());
+        self.put(b);
         self
     }
 
@@ -87,7 +120,7 @@ impl IdHasher {
     }
 
     pub fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        self.put(&v.to_le_bytes());
         self
     }
 
@@ -96,12 +129,17 @@ impl IdHasher {
     }
 
     pub fn id(&mut self, id: &Id) -> &mut Self {
-        self.0.extend_from_slice(&id.0);
+        self.put(&id.0);
         self
     }
 
     pub fn finish(&self) -> Id {
-        Id::from_u128(xxh3_128(&self.0))
+        let encoding = if self.spill.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spill[..]
+        };
+        Id::from_u128(xxh3_128(encoding))
     }
 }
 
@@ -139,5 +177,26 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.to_hex().len(), 32);
         assert_ne!(a, IdHasher::new("mapping").str("main").finish());
+    }
+
+    #[test]
+    fn long_encodings_spill_to_the_heap_with_the_same_bytes() {
+        // Around and far past the inline buffer: the id is xxh3-128 of the
+        // same canonical bytes, whatever the split.
+        for n in [0usize, 1, 480, 495, 496, 497, 511, 512, 513, 2000] {
+            let name = "x".repeat(n);
+            let mut want = Vec::new();
+            for field in ["function", name.as_str(), "file.go"] {
+                want.extend_from_slice(&(field.len() as u64).to_le_bytes());
+                want.extend_from_slice(field.as_bytes());
+            }
+            want.extend_from_slice(&7u64.to_le_bytes());
+            let got = IdHasher::new("function")
+                .str(&name)
+                .str("file.go")
+                .i64(7)
+                .finish();
+            assert_eq!(got, Id::from_u128(xxh3_128(&want)), "name of {n} bytes");
+        }
     }
 }

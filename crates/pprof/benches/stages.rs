@@ -12,7 +12,9 @@
 //! a record of format 0 (no symbol ids: the ingester re-hashes every
 //! symbol and encodes its own WAL record, what a cluster ingester did
 //! before format 2) and of format 2 (ids as sent, the received bytes are
-//! the WAL record: one decode).
+//! the WAL record: one decode), the latter both with the direct decoder
+//! (`fathom_proto::decode_write_request`) and through the prost message
+//! (`decode_write_request_prost`, what it replaced).
 
 /// The allocator of `fathom`'s server roles (cmd/src/alloc.rs), so that
 /// allocation costs what it costs in the server.
@@ -115,7 +117,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let mut all: Vec<[f64; 7]> = Vec::new();
+    let mut all: Vec<[f64; 8]> = Vec::new();
     for _ in 0..rounds {
         let prost = rate(total, secs, || {
             files
@@ -179,7 +181,26 @@ fn main() {
                 })
                 .sum()
         });
-        all.push([prost, dec, norm, enc, distributor, ingester_v0, ingester_v2]);
+        let ingester_v2_prost = rate(total, secs, || {
+            v2.iter()
+                .map(|r| {
+                    fathom_proto::decode_write_request_prost(r)
+                        .unwrap()
+                        .profiles
+                        .len()
+                })
+                .sum()
+        });
+        all.push([
+            prost,
+            dec,
+            norm,
+            enc,
+            distributor,
+            ingester_v0,
+            ingester_v2,
+            ingester_v2_prost,
+        ]);
     }
     let median = |i: usize| {
         let mut v: Vec<f64> = all.iter().map(|r| r[i]).collect();
@@ -190,8 +211,16 @@ fn main() {
         let v: Vec<String> = all.iter().map(|r| format!("{:.1}", r[i])).collect();
         v.join(" / ")
     };
-    let [prost, dec, norm, enc, distributor, ingester_v0, ingester_v2] =
-        std::array::from_fn(median);
+    let [
+        prost,
+        dec,
+        norm,
+        enc,
+        distributor,
+        ingester_v0,
+        ingester_v2,
+        ingester_v2_prost,
+    ] = std::array::from_fn(median);
     // The ratio of each round's figure to the same round's prost decode.
     let ratio = |i: usize| {
         let mut v: Vec<f64> = all.iter().map(|r| r[i] / r[0]).collect();
@@ -213,6 +242,11 @@ fn main() {
     figure("distributor_decode_normalize_encode", 4, distributor);
     figure("ingester_record_format0_rehash_reencode", 5, ingester_v0);
     figure("ingester_record_format2_as_received", 6, ingester_v2);
+    figure(
+        "ingester_record_format2_via_prost_message",
+        7,
+        ingester_v2_prost,
+    );
     // The time per byte of the stages add up: a cluster write costs the
     // distributor's pass plus one ingester pass per replica.
     let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use fathom_model::{
     Function, Id, IdHasher, Labels, Line, Location, Mapping, Profile, ProfileType, Sample, Stack,
-    Symbols,
+    StackHasher, Symbols,
 };
 use fathom_proto::pprof;
 
@@ -547,6 +547,7 @@ impl<'a> Normalizer<'a> {
         let mut series_by_labels: HashMap<Labels, usize> = HashMap::new();
         let mut raw_labels: Vec<(i64, i64)> = Vec::new();
         let mut stack = Stack::default();
+        let mut stack_hasher = StackHasher::default();
 
         for (si, s) in p.sample.iter().enumerate() {
             if s.value.len() != want {
@@ -585,11 +586,19 @@ impl<'a> Normalizer<'a> {
                                     limit: self.opts.max_series,
                                 });
                             }
+                            // The first series usually holds most
+                            // samples (all of them without sample
+                            // labels): sized for them, so its map never
+                            // rehashes; later ones grow as needed.
+                            let expect = if series.is_empty() { p.sample.len() } else { 0 };
                             series.push(Series {
                                 labels: labels.clone(),
-                                slot_of: fathom_model::IdMap::default(),
-                                stacks: Vec::new(),
-                                values: Vec::new(),
+                                slot_of: fathom_model::IdMap::with_capacity_and_hasher(
+                                    expect,
+                                    Default::default(),
+                                ),
+                                stacks: Vec::with_capacity(expect),
+                                values: Vec::with_capacity(expect.saturating_mul(ntypes)),
                             });
                             series_by_labels.insert(labels, series.len() - 1);
                             series.len() - 1
@@ -609,20 +618,21 @@ impl<'a> Normalizer<'a> {
                 let id = self.location_id(si, lid)?;
                 stack.locations.push(id);
             }
-            let stack_id = stack.id();
-            self.symbols
-                .stacks
-                .entry(stack_id)
-                .or_insert_with(|| stack.clone());
+            let stack_id = stack_hasher.id(&stack.locations);
 
             let ser = &mut series[sidx];
-            let slot = match ser.slot_of.get(&stack_id) {
-                Some(&slot) => slot as usize,
-                None => {
+            let slot = match ser.slot_of.entry(stack_id) {
+                std::collections::hash_map::Entry::Occupied(e) => *e.get() as usize,
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    // New to this series, so maybe new to the profile.
+                    self.symbols
+                        .stacks
+                        .entry(stack_id)
+                        .or_insert_with(|| stack.clone());
                     let slot = ser.stacks.len();
                     ser.stacks.push(stack_id);
                     ser.values.resize(ser.values.len() + ntypes, 0);
-                    ser.slot_of.insert(stack_id, slot as u32);
+                    e.insert(slot as u32);
                     slot
                 }
             };

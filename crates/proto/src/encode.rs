@@ -210,14 +210,14 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ingester::WriteRequest;
     use prost::Message;
 
     /// A batch that exercises every field, zero and empty defaults,
     /// negative varints and multi-byte lengths.
-    fn batch() -> model::IngestBatch {
+    pub(crate) fn batch() -> model::IngestBatch {
         let mut symbols = model::Symbols::default();
         let long = "x".repeat(300);
         let f1 = symbols.add_function(model::Function {

@@ -30,6 +30,7 @@ use arrow::array::{Array, AsArray, FixedSizeBinaryArray};
 use arrow::datatypes::Int64Type;
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::prelude::*;
+use fathom_block::columns;
 use fathom_model::{Id, Selector, Symbols, TenantId};
 use serde::Serialize;
 
@@ -351,14 +352,14 @@ impl Querier {
             if let Some((_ctx, df)) = this.frame(&plan, start, end).await? {
                 let key = if bucketed {
                     let step = (end - start) / max_observations as i64 + 1;
-                    ((col("time_nanos") - lit(start)) / lit(step)).alias("key")
+                    ((col(columns::TIME_NANOS) - lit(start)) / lit(step)).alias("key")
                 } else {
-                    col("profile_id").alias("key")
+                    col(columns::PROFILE_ID).alias("key")
                 };
                 let batches = df
                     .aggregate(
-                        vec![key, col("stack_id")],
-                        vec![sum(col("value")).alias("value")],
+                        vec![key, col(columns::STACK_ID)],
+                        vec![sum(col(columns::VALUE)).alias("value")],
                     )?
                     .collect()
                     .await?;

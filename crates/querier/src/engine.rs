@@ -14,14 +14,14 @@ use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::functions_aggregate::expr_fn::{count_distinct, sum};
 use datafusion::prelude::*;
-use fathom_block::{BlockMeta, SeriesRow, files, samples_schema};
+use fathom_block::{BlockMeta, SeriesRow, columns, files, samples_schema};
 use fathom_model::{Id, Labels, ProfileType, Selector, Symbols, TenantId};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::{BlockInfo, HeadData, Querier, QueryError};
+use crate::{BlockInfo, HeadSnapshot, Querier, QueryError};
 
 pub(crate) const STORE_URL: &str = "fathom://store";
 
@@ -34,6 +34,7 @@ pub(crate) struct Metrics {
     pub(crate) rows: Counter,
     pub(crate) sql_sources: Counter,
     pub(crate) rollup_reads: Counter,
+    pub(crate) sql_rollup_scans: Counter,
     /// Bytes reserved by the DataFusion operators of running queries.
     pub(crate) memory: Gauge,
     pub(crate) cancelled: Counter,
@@ -53,6 +54,7 @@ impl Metrics {
             rows: Counter::default(),
             sql_sources: Counter::default(),
             rollup_reads: Counter::default(),
+            sql_rollup_scans: Counter::default(),
             memory: Gauge::default(),
             cancelled: Counter::default(),
             timed_out: Counter::default(),
@@ -85,6 +87,11 @@ impl Metrics {
             "rollup_reads",
             "Blocks whose whole hours or days a merge read from rollup.parquet instead of raw samples",
             m.rollup_reads.clone(),
+        );
+        r.register(
+            "sql_rollup_scans",
+            "SQL scans of profiles that only sum values, answered from totals per series and stack (rollups for whole buckets)",
+            m.sql_rollup_scans.clone(),
         );
         r.register(
             "query_memory_bytes",
@@ -213,6 +220,19 @@ struct Source {
     kind: SourceKind,
     series: Vec<Id>,
     exclude: Vec<Id>,
+}
+
+/// The rows a summable frame gives ([`Querier::summable_frame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// `(stack_id, value)`: a merge.
+    Stacks,
+    /// `(series_id, stack_id, value)`: SQL sums.
+    SeriesStacks,
+    /// `(series_id, time_nanos, value)` where `time_nanos` is a sample's
+    /// time or a rollup bucket's start that lies in the same step cell
+    /// (`start + k * step`) as all of its bucket: a range query.
+    Steps { step: i64 },
 }
 
 pub(crate) struct Plan {
@@ -369,7 +389,7 @@ impl Querier {
             }
         };
         for h in heads {
-            let HeadData {
+            let HeadSnapshot {
                 series,
                 profiles,
                 samples,
@@ -396,7 +416,7 @@ impl Querier {
     fn session(&self) -> Result<SessionContext, QueryError> {
         let config = SessionConfig::new()
             .with_target_partitions(2)
-            .with_batch_size(8192)
+            .with_batch_size(self.sql_config().batch_rows.max(1))
             .set_bool("datafusion.execution.parquet.pushdown_filters", true);
         Ok(SessionContext::new_with_config_rt(
             config,
@@ -432,14 +452,17 @@ impl Querier {
                         .await?
                 }
             };
-            let mut pred = col("time_nanos")
+            let mut pred = col(columns::TIME_NANOS)
                 .gt_eq(lit(start))
-                .and(col("time_nanos").lt_eq(lit(end)));
-            pred =
-                pred.and(col("series_id").in_list(src.series.iter().map(id_lit).collect(), false));
+                .and(col(columns::TIME_NANOS).lt_eq(lit(end)));
+            pred = pred.and(
+                col(columns::SERIES_ID).in_list(src.series.iter().map(id_lit).collect(), false),
+            );
             if !src.exclude.is_empty() {
-                pred = pred
-                    .and(col("profile_id").in_list(src.exclude.iter().map(id_lit).collect(), true));
+                pred = pred.and(
+                    col(columns::PROFILE_ID)
+                        .in_list(src.exclude.iter().map(id_lit).collect(), true),
+                );
             }
             let df = df.filter(pred)?;
             out = Some(match out {
@@ -461,25 +484,86 @@ impl Querier {
         start: i64,
         end: i64,
     ) -> Result<Option<(SessionContext, DataFrame)>, QueryError> {
+        self.summable_frame(plan, start, end, Shape::Stacks).await
+    }
+
+    /// `(series_id, stack_id, value)`: the value totals per series and
+    /// stack of the plan in `[start, end]`, read as [`Querier::merge_frame`]
+    /// reads (rollups for whole buckets): what SQL sums of `profiles` read
+    /// ([`crate::totals`]).
+    pub(crate) async fn totals_frame(
+        &self,
+        plan: &Plan,
+        start: i64,
+        end: i64,
+    ) -> Result<Option<(SessionContext, DataFrame)>, QueryError> {
+        let Some((ctx, df)) = self
+            .summable_frame(plan, start, end, Shape::SeriesStacks)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let df = df.aggregate(
+            vec![col(columns::SERIES_ID), col(columns::STACK_ID)],
+            vec![sum(col(columns::VALUE)).alias("value")],
+        )?;
+        Ok(Some((ctx, df)))
+    }
+
+    /// Rows whose sums per stack, per (series, stack) or per (series, step)
+    /// are those of the plan (`shape`); whole rollup buckets where a block
+    /// has them and the plan allows, raw samples elsewhere.
+    async fn summable_frame(
+        &self,
+        plan: &Plan,
+        start: i64,
+        end: i64,
+        shape: Shape,
+    ) -> Result<Option<(SessionContext, DataFrame)>, QueryError> {
         let ctx = self.session()?;
         let schema = samples_schema();
         let rollup_schema = fathom_block::rollup_schema();
         let mut out: Option<DataFrame> = None;
-        let mut push = |df: DataFrame| -> Result<(), QueryError> {
-            let df = df.select(vec![col("stack_id"), col("value")])?;
+        // `time` is the column that places a row in time: `time_nanos` of a
+        // sample, `bucket_start_nanos` of a rollup row.
+        let mut push = |df: DataFrame, time: &str| -> Result<(), QueryError> {
+            let df = match shape {
+                Shape::Stacks => df.select(vec![col(columns::STACK_ID), col(columns::VALUE)])?,
+                Shape::SeriesStacks => df.select(vec![
+                    col(columns::SERIES_ID),
+                    col(columns::STACK_ID),
+                    col(columns::VALUE),
+                ])?,
+                Shape::Steps { .. } => df.select(vec![
+                    col(columns::SERIES_ID),
+                    col(time).alias("time_nanos"),
+                    col(columns::VALUE),
+                ])?,
+            };
             out = Some(match out.take() {
                 None => df,
                 Some(acc) => acc.union(df)?,
             });
             Ok(())
         };
+        // A range query's step cells are `start + k * step`; a rollup
+        // bucket `[b, b + w)` answers for its rows only inside one cell.
+        let same_cell = |b: Expr, w: i64| -> Option<Expr> {
+            match shape {
+                Shape::Steps { step } => Some(
+                    ((b.clone() - lit(start)) / lit(step))
+                        .eq((b + lit(w - 1) - lit(start)) / lit(step)),
+                ),
+                _ => None,
+            }
+        };
         for src in &plan.sources {
             let series_in =
-                col("series_id").in_list(src.series.iter().map(id_lit).collect(), false);
+                col(columns::SERIES_ID).in_list(src.series.iter().map(id_lit).collect(), false);
             let raw_time = |a: i64, b: i64| {
-                col("time_nanos")
+                col(columns::TIME_NANOS)
                     .gt_eq(lit(a))
-                    .and(col("time_nanos").lt_eq(lit(b)))
+                    .and(col(columns::TIME_NANOS).lt_eq(lit(b)))
             };
             match &src.kind {
                 SourceKind::Head(b) => {
@@ -489,15 +573,28 @@ impl Querier {
                     let mut pred = raw_time(start, end).and(series_in);
                     if !src.exclude.is_empty() {
                         pred = pred.and(
-                            col("profile_id")
+                            col(columns::PROFILE_ID)
                                 .in_list(src.exclude.iter().map(id_lit).collect(), true),
                         );
                     }
-                    push(ctx.read_batches(b.clone())?.filter(pred)?)?;
+                    push(
+                        ctx.read_batches(b.clone())?.filter(pred)?,
+                        columns::TIME_NANOS,
+                    )?;
                 }
                 SourceKind::Block(m) => {
+                    // Rollup widths a step can use: at most the step.
+                    let widths: Vec<i64> = m
+                        .rollup_widths_nanos
+                        .iter()
+                        .copied()
+                        .filter(|w| match shape {
+                            Shape::Steps { step } => *w <= step,
+                            _ => true,
+                        })
+                        .collect();
                     let cover = if self.inner.cfg.use_rollups && src.exclude.is_empty() {
-                        fathom_block::Cover::plan(start, end, &m.rollup_widths_nanos)
+                        fathom_block::Cover::plan(start, end, &widths)
                     } else {
                         fathom_block::Cover {
                             rollups: Vec::new(),
@@ -514,10 +611,14 @@ impl Querier {
                             .rollups
                             .iter()
                             .map(|&(w, from, to)| {
-                                col("bucket_width_nanos")
+                                let mut e = col(columns::BUCKET_WIDTH_NANOS)
                                     .eq(lit(w))
-                                    .and(col("bucket_start_nanos").gt_eq(lit(from)))
-                                    .and(col("bucket_start_nanos").lt(lit(to)))
+                                    .and(col(columns::BUCKET_START_NANOS).gt_eq(lit(from)))
+                                    .and(col(columns::BUCKET_START_NANOS).lt(lit(to)));
+                                if let Some(c) = same_cell(col(columns::BUCKET_START_NANOS), w) {
+                                    e = e.and(c);
+                                }
+                                e
                             })
                             .reduce(Expr::or);
                         if let Some(buckets) = buckets {
@@ -528,15 +629,25 @@ impl Querier {
                                 )
                                 .await?
                                 .filter(series_in.clone().and(buckets))?;
-                            push(df)?;
+                            push(df, columns::BUCKET_START_NANOS)?;
                         }
                     }
-                    let Some(times) = cover
-                        .raw
-                        .iter()
-                        .map(|&(a, b)| raw_time(a, b))
-                        .reduce(Expr::or)
-                    else {
+                    // Raw: what the rollups leave, and, for a range query,
+                    // the buckets that cross a step cell's edge.
+                    let mut parts: Vec<Expr> =
+                        cover.raw.iter().map(|&(a, b)| raw_time(a, b)).collect();
+                    for &(w, from, to) in &cover.rollups {
+                        let bucket = col(columns::TIME_NANOS) - (col(columns::TIME_NANOS) % lit(w));
+                        if let Some(c) = same_cell(bucket, w) {
+                            parts.push(
+                                col(columns::TIME_NANOS)
+                                    .gt_eq(lit(from))
+                                    .and(col(columns::TIME_NANOS).lt(lit(to)))
+                                    .and(Expr::Not(Box::new(c))),
+                            );
+                        }
+                    }
+                    let Some(times) = parts.into_iter().reduce(Expr::or) else {
                         continue;
                     };
                     let path = format!(
@@ -546,7 +657,7 @@ impl Querier {
                     let mut pred = times.and(series_in);
                     if !src.exclude.is_empty() {
                         pred = pred.and(
-                            col("profile_id")
+                            col(columns::PROFILE_ID)
                                 .in_list(src.exclude.iter().map(id_lit).collect(), true),
                         );
                     }
@@ -554,7 +665,7 @@ impl Querier {
                         .read_parquet(path, ParquetReadOptions::default().schema(&schema))
                         .await?
                         .filter(pred)?;
-                    push(df)?;
+                    push(df, columns::TIME_NANOS)?;
                 }
             }
         }
@@ -658,8 +769,8 @@ impl Querier {
             if let Some((_ctx, df)) = this.merge_frame(&plan, start, end).await? {
                 let batches = df
                     .aggregate(
-                        vec![col("stack_id")],
-                        vec![sum(col("value")).alias("value")],
+                        vec![col(columns::STACK_ID)],
+                        vec![sum(col(columns::VALUE)).alias("value")],
                     )?
                     .collect()
                     .await?;
@@ -745,7 +856,7 @@ impl Querier {
                 SourceKind::Head(batches) => {
                     for b in batches {
                         if let Some(ids) = b
-                            .column_by_name("stack_id")
+                            .column_by_name(columns::STACK_ID)
                             .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
                         {
                             head_stacks.extend(
@@ -806,14 +917,27 @@ impl Querier {
             let plan = this.plan(&tenant, &sel, start, end).await?;
             // (value, profiles) per labels and point.
             let mut acc: BTreeMap<Labels, BTreeMap<i64, (i64, i64)>> = BTreeMap::new();
-            if let Some((_ctx, df)) = this.frame(&plan, start, end).await? {
-                let bucket = ((col("time_nanos") - lit(start)) / lit(step)).alias("bucket");
-                let mut aggs = vec![sum(col("value")).alias("value")];
+            if step <= 0 {
+                return Err(QueryError::BadRequest(format!(
+                    "step {step} must be positive"
+                )));
+            }
+            // Profile counts need raw rows; sums per step take whole
+            // rollup buckets that lie inside one step.
+            let frame = if count_profiles {
+                this.frame(&plan, start, end).await?
+            } else {
+                this.summable_frame(&plan, start, end, Shape::Steps { step })
+                    .await?
+            };
+            if let Some((_ctx, df)) = frame {
+                let bucket = ((col(columns::TIME_NANOS) - lit(start)) / lit(step)).alias("bucket");
+                let mut aggs = vec![sum(col(columns::VALUE)).alias("value")];
                 if count_profiles {
-                    aggs.push(count_distinct(col("profile_id")).alias("profiles"));
+                    aggs.push(count_distinct(col(columns::PROFILE_ID)).alias("profiles"));
                 }
                 let batches = df
-                    .aggregate(vec![col("series_id"), bucket], aggs)?
+                    .aggregate(vec![col(columns::SERIES_ID), bucket], aggs)?
                     .collect()
                     .await?;
                 for b in &batches {

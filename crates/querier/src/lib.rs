@@ -1,9 +1,21 @@
-//! The querier: answers merge, range, diff and metadata queries over the
-//! ingesters' heads (recent data) and the blocks in object storage (older
-//! data), executing with DataFusion, and serves them over HTTP (Fathom's
-//! API, and Pyroscope's query API for Grafana: [`pyroscope`]).
+//! The querier's engine: answers merge, range, diff, metadata and SQL
+//! queries over the ingesters' heads (recent data) and the blocks in object
+//! storage (older data), executing with DataFusion, and renders the answers
+//! (folded, top, flame graph).
+//!
+//! The crate holds no protocol: its edges (the HTTP query API, Pyroscope's
+//! query API over Connect, Arrow Flight and Flight SQL) are
+//! `fathom-query-api`, which calls only this crate's public API; recent
+//! data comes in through [`HeadSource`] (the ingester crate's in-process
+//! [`fathom_ingester::Ingester`] or its Flight client
+//! [`fathom_ingester::FlightHeads`], adapted in `heads.rs`), blocks through
+//! `fathom_block`. Errors leave as [`QueryError`] / [`SqlError`], mapped to
+//! HTTP and gRPC by `fathom_api::ApiError`.
 //!
 //! ```text
+//!  fathom-query-api: HTTP /api/v1, Connect (Pyroscope), Flight, Flight SQL
+//!        │ Querier::{merge, range, series, profile_types, sql_*}
+//!        ▼
 //!  selector, [start, end]
 //!        │
 //!        ▼
@@ -24,6 +36,11 @@
 //!  (folded, top, flame graph, pprof, diff)
 //! ```
 //!
+//! Query work runs on the query runtime ([`Executor`]); the object-store,
+//! metastore and ingester calls it makes are sent back to the I/O runtime
+//! (`io`). SQL sums of `profiles` read rollups like a merge (`totals`);
+//! range queries use rollup buckets that fit inside one step.
+//!
 //! Every merge, range and diff query runs on the query runtime under its
 //! own memory pool (the query memory limit, metered in
 //! `fathom_querier_query_memory_bytes`) and the query timeout, and is
@@ -37,19 +54,19 @@ mod cache;
 mod changes;
 mod engine;
 mod executor;
-mod flight;
-mod http;
-mod pyroscope;
-mod remote;
+mod heads;
+mod io;
 mod render;
 #[cfg(test)]
 mod rollup_tests;
 mod sql;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
+mod totals;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
 use fathom_block::{BlockIndex, BlockMeta, ProfileRow, SeriesRow};
 use fathom_model::{Id, Symbols, TenantId};
 use object_store::ObjectStore;
@@ -62,13 +79,13 @@ pub use changes::{
 };
 pub use engine::{Merged, RangeSeries};
 pub use executor::Executor;
-pub use flight::{FathomFlight, flight_service};
-pub use http::router;
-pub use remote::FlightHeads;
 pub use render::{
-    FlameNode, OTHER, TopRow, flamegraph, folded, folded_for_display, folded_text, frame_name, top,
+    Bounded, FlameNode, OTHER, Row, TopRow, bound_folded, bound_samples, flamegraph, folded,
+    folded_for_display, folded_text, frame_name, top,
 };
-pub use sql::{CATALOG, SCHEMA, SqlConfig, SqlError, SqlQuery, TABLES, table_schema};
+pub use sql::{
+    CATALOG, SCHEMA, SqlConfig, SqlError, SqlQuery, TABLES, labels_type, stack_type, table_schema,
+};
 
 /// Errors while answering a query.
 #[derive(Debug, thiserror::Error)]
@@ -80,11 +97,11 @@ pub enum QueryError {
     #[error("query execution: {0}")]
     DataFusion(#[from] datafusion::error::DataFusionError),
     #[error("reading recent data: {0}")]
-    Head(String),
+    Head(#[from] fathom_ingester::ReadError),
     /// The block index (metastore) could not list blocks: the query would
     /// silently miss data, so it fails as unavailable instead.
     #[error("listing blocks: {0}")]
-    Index(String),
+    Index(#[from] fathom_block::IndexError),
     #[error("query task failed: {0}")]
     Task(String),
     /// Over the query memory limit (tenant's or flag's).
@@ -95,12 +112,6 @@ pub enum QueryError {
     Timeout(String),
 }
 
-impl From<fathom_block::IndexError> for QueryError {
-    fn from(e: fathom_block::IndexError) -> Self {
-        QueryError::Index(e.0)
-    }
-}
-
 impl From<QueryError> for fathom_api::ApiError {
     fn from(e: QueryError) -> Self {
         match e {
@@ -109,26 +120,28 @@ impl From<QueryError> for fathom_api::ApiError {
             QueryError::ResourcesExhausted(m) | QueryError::Timeout(m) => {
                 fathom_api::ApiError::RateLimited(m)
             }
-            QueryError::Head(m) => fathom_api::ApiError::Unavailable(m),
-            QueryError::Index(m) => {
-                fathom_api::ApiError::Unavailable(format!("listing blocks: {m}"))
-            }
+            QueryError::Head(e) => e.into(),
+            e @ QueryError::Index(_) => fathom_api::ApiError::Unavailable(e.to_string()),
             e => fathom_api::ApiError::internal(e),
         }
     }
 }
 
-/// One ingester's recent data for a tenant and time range.
-#[derive(Clone, Default)]
-pub struct HeadData {
-    pub series: Vec<SeriesRow>,
-    pub profiles: Vec<ProfileRow>,
-    /// Rows in `fathom_block::samples_schema()`.
-    pub samples: Vec<RecordBatch>,
+/// Connect answers take the same mapping (through [`fathom_api::ApiError`]).
+impl From<QueryError> for fathom_api::connect::ConnectError {
+    fn from(e: QueryError) -> Self {
+        fathom_api::ApiError::from(e).into()
+    }
 }
 
+/// One ingester's recent data for a tenant and time range: the
+/// ingester's own snapshot type, the same in process and over Flight.
+pub use fathom_ingester::HeadSnapshot;
+
 /// Where recent (not yet flushed) data comes from: the in-process ingester
-/// in single-process mode, the ingesters over Arrow Flight in a cluster.
+/// in single-process mode, the ingesters over Arrow Flight in a cluster
+/// (`fathom_ingester::FlightHeads`); both implementations are in
+/// `heads.rs`.
 #[async_trait::async_trait]
 pub trait HeadSource: Send + Sync + 'static {
     /// Every head's data of `tenant` in `[start, end]` (nanoseconds).
@@ -137,7 +150,7 @@ pub trait HeadSource: Send + Sync + 'static {
         tenant: &TenantId,
         start: i64,
         end: i64,
-    ) -> Result<Vec<HeadData>, QueryError>;
+    ) -> Result<Vec<HeadSnapshot>, QueryError>;
 
     /// The symbols `stacks` need, from the heads.
     async fn symbols(&self, tenant: &TenantId, stacks: &[Id]) -> Result<Symbols, QueryError>;
@@ -250,6 +263,17 @@ pub(crate) struct Inner {
 }
 
 impl Querier {
+    /// Bytes the running queries' operators hold now (the
+    /// `fathom_querier_query_memory_bytes` gauge).
+    pub fn query_memory_bytes(&self) -> i64 {
+        self.inner.metrics.memory.get()
+    }
+
+    /// Queries stopped because their caller went away, since start.
+    pub fn queries_cancelled(&self) -> u64 {
+        self.inner.metrics.cancelled.get()
+    }
+
     pub fn new(
         cfg: Config,
         head: Arc<dyn HeadSource>,
@@ -259,6 +283,16 @@ impl Querier {
         registry: &mut prometheus_client::registry::Registry,
     ) -> Result<Self, QueryError> {
         let metrics = engine::Metrics::register(registry);
+        // Queries run on `exec`; their I/O goes back to the runtime that
+        // builds the querier, the I/O one ([`io`]).
+        let (head, index, store) = match tokio::runtime::Handle::try_current() {
+            Ok(io) => (
+                Arc::new(io::IoHeads::new(head, io.clone())) as Arc<dyn HeadSource>,
+                Arc::new(io::IoIndex::new(index, io.clone())) as Arc<dyn BlockIndex>,
+                Arc::new(io::IoStore::new(store, io)) as Arc<dyn ObjectStore>,
+            ),
+            Err(_) => (head, index, store),
+        };
         Ok(Querier {
             inner: Arc::new(Inner {
                 block_info: Mutex::new(Lru::new(cfg.block_cache_entries)),
@@ -307,6 +341,23 @@ impl Querier {
             .unwrap_or(self.inner.cfg.max_points)
     }
 
+    /// The oldest and newest profile times of `tenant` (nanoseconds), from
+    /// the heads and the block index (metadata only); `None` when it has
+    /// no data.
+    pub async fn time_span(&self, tenant: &TenantId) -> Result<Option<(i64, i64)>, QueryError> {
+        let heads = self.inner.head.snapshot(tenant, i64::MIN, i64::MAX).await?;
+        let blocks = self.blocks(tenant, i64::MIN, i64::MAX).await?;
+        Ok(heads
+            .iter()
+            .flat_map(|h| {
+                h.series
+                    .iter()
+                    .map(|s| (s.min_time_nanos, s.max_time_nanos))
+            })
+            .chain(blocks.iter().map(|b| (b.min_time_nanos, b.max_time_nanos)))
+            .reduce(|(lo, hi), (l, h)| (lo.min(l), hi.max(h))))
+    }
+
     /// Blocks of `tenant` overlapping `[start, end]`.
     pub async fn blocks(
         &self,
@@ -323,9 +374,8 @@ impl Querier {
 }
 
 /// A querier over no heads, `index` and an empty in-memory bucket, for
-/// unit tests.
-#[cfg(test)]
-pub(crate) fn test_querier(index: Arc<dyn BlockIndex>) -> Querier {
+/// unit tests (of this crate and of the edges, `fathom-query-api`).
+pub fn test_querier(index: Arc<dyn BlockIndex>) -> Querier {
     test_querier_on(
         Config::default(),
         index,
@@ -334,8 +384,7 @@ pub(crate) fn test_querier(index: Arc<dyn BlockIndex>) -> Querier {
 }
 
 /// A querier over no heads, `index` and `store`, for unit tests.
-#[cfg(test)]
-pub(crate) fn test_querier_on(
+pub fn test_querier_on(
     cfg: Config,
     index: Arc<dyn BlockIndex>,
     store: Arc<dyn ObjectStore>,
@@ -349,7 +398,7 @@ pub(crate) fn test_querier_on(
             _tenant: &TenantId,
             _start: i64,
             _end: i64,
-        ) -> Result<Vec<HeadData>, QueryError> {
+        ) -> Result<Vec<HeadSnapshot>, QueryError> {
             Ok(Vec::new())
         }
         async fn symbols(&self, _tenant: &TenantId, _stacks: &[Id]) -> Result<Symbols, QueryError> {
@@ -379,16 +428,16 @@ mod index_tests {
     #[async_trait::async_trait]
     impl BlockIndex for Down {
         async fn add(&self, _meta: BlockMeta) -> Result<(), IndexError> {
-            Err(IndexError("metastore unreachable".into()))
+            Err(IndexError::new("metastore unreachable"))
         }
         async fn blocks(&self, _t: &str, _s: i64, _e: i64) -> Result<Vec<BlockMeta>, IndexError> {
-            Err(IndexError("metastore unreachable".into()))
+            Err(IndexError::new("metastore unreachable"))
         }
         async fn all(&self) -> Result<Vec<BlockMeta>, IndexError> {
-            Err(IndexError("metastore unreachable".into()))
+            Err(IndexError::new("metastore unreachable"))
         }
         async fn remove(&self, _t: &str, _ids: &[String]) -> Result<(), IndexError> {
-            Err(IndexError("metastore unreachable".into()))
+            Err(IndexError::new("metastore unreachable"))
         }
     }
 
@@ -417,18 +466,57 @@ mod index_tests {
         assert_eq!(q.max_range_nanos(), d.max_range_nanos);
         assert_eq!(q.max_points(), d.max_points);
         assert_eq!(q.sql_config().memory_limit, d.sql.memory_limit);
-        // A too-long range is refused with the tenant's limit.
-        let refused = fathom_api::auth::with_request_limits(
-            fathom_api::auth::TenantLimits {
-                max_query_range: Some(day),
-                ..Default::default()
-            },
-            async {
-                crate::http::check_range(&q, 0, 2 * day.as_nanos() as i64, "start", "end").is_err()
-            },
-        )
-        .await;
-        assert!(refused);
+    }
+
+    /// Query, head-read and SQL errors reach clients through the API's one
+    /// mapping, with the same status on HTTP and gRPC.
+    #[test]
+    fn errors_map_to_one_status() {
+        use fathom_api::ApiError;
+        use tonic::Code;
+        type Make = fn(String) -> SqlError;
+        let sql: [(Make, u16, Code); 7] = [
+            (SqlError::Invalid, 400, Code::InvalidArgument),
+            (SqlError::ReadOnly, 403, Code::PermissionDenied),
+            (SqlError::NotFound, 404, Code::NotFound),
+            (SqlError::ResourcesExhausted, 429, Code::ResourceExhausted),
+            (SqlError::Timeout, 504, Code::DeadlineExceeded),
+            (SqlError::Unavailable, 503, Code::Unavailable),
+            (SqlError::Internal, 500, Code::Internal),
+        ];
+        for (make, http, code) in sql {
+            let api = ApiError::from(make("why".into()));
+            assert_eq!(api.status().as_u16(), http, "{api}");
+            assert_eq!(api.grpc_code(), code, "{api}");
+            let status = tonic::Status::from(ApiError::from(make("why".into())));
+            assert_eq!(status.code(), code);
+            assert_eq!(status.message(), "why");
+        }
+
+        // A head read that misses more ingesters than replication allows:
+        // 503, naming each failure, the failures kept as values.
+        let membership = fathom_api::cluster::MembershipError::NotListed {
+            source: Arc::new(std::io::Error::other("no leader")),
+        };
+        let read = fathom_ingester::ReadError::Quorum {
+            failed: 2,
+            live: 3,
+            tolerated: 1,
+            errors: vec![
+                fathom_ingester::ReadError::NoSchema {
+                    ingester: "i1".into(),
+                },
+                fathom_ingester::ReadError::from(membership),
+            ],
+        };
+        let q = QueryError::from(read);
+        assert!(std::error::Error::source(&q).is_some());
+        let api = ApiError::from(q);
+        assert_eq!(api.status().as_u16(), 503);
+        assert_eq!(api.grpc_code(), Code::Unavailable);
+        let m = api.to_string();
+        assert!(m.contains("2 of 3 ingesters could not be read"), "{m}");
+        assert!(m.contains("i1") && m.contains("no leader"), "{m}");
     }
 
     #[tokio::test]
@@ -437,9 +525,12 @@ mod index_tests {
         let t = TenantId::new("t1").unwrap();
         let err = q.series(&t, None, 0, 1000).await.unwrap_err();
         assert!(
-            matches!(&err, QueryError::Index(m) if m.contains("unreachable")),
+            matches!(&err, QueryError::Index(m) if m.to_string().contains("unreachable")),
             "{err}"
         );
+        // The index's error is kept as the source, not a string.
+        let index = std::error::Error::source(&err).expect("the index error");
+        assert!(std::error::Error::source(index).is_some(), "{index}");
         let api = fathom_api::ApiError::from(err);
         assert!(matches!(api, fathom_api::ApiError::Unavailable(_)), "{api}");
         assert!(matches!(

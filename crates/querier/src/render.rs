@@ -144,6 +144,88 @@ pub struct FlameNode<const N: usize> {
 /// The label of the node that holds a parent's small children.
 pub const OTHER: &str = "other";
 
+/// One folded row: frames (root first) and a value per column.
+pub type Row<const N: usize> = (Vec<String>, [i64; N]);
+
+/// A bounded merge: its samples, the symbols they need, how many stacks
+/// were summed into `other`.
+pub type Bounded = (Vec<(Id, i64)>, Symbols, usize);
+
+/// Keeps the `max` heaviest rows of a folded output (by the sum of
+/// absolute column values; ties broken by frames, so the cut is
+/// deterministic) and sums the others into one last row whose only frame
+/// is [`OTHER`], so that totals are preserved. Returns the rows, sorted
+/// by frames with the `other` row last, and how many rows were merged
+/// into it (0: nothing was cut).
+pub fn bound_folded<const N: usize>(rows: Vec<Row<N>>, max: usize) -> (Vec<Row<N>>, usize) {
+    let max = max.max(1);
+    if rows.len() <= max {
+        return (rows, 0);
+    }
+    let weight = |v: &[i64; N]| v.iter().map(|x| x.unsigned_abs()).sum::<u64>();
+    let mut rows = rows;
+    // One row is the `other` row.
+    let keep = max - 1;
+    rows.sort_by(|a, b| weight(&b.1).cmp(&weight(&a.1)).then_with(|| a.0.cmp(&b.0)));
+    let cut = rows.split_off(keep);
+    let mut other = [0i64; N];
+    for (_, v) in &cut {
+        for (o, x) in other.iter_mut().zip(v) {
+            *o = o.wrapping_add(*x);
+        }
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    rows.push((vec![OTHER.to_owned()], other));
+    (rows, cut.len())
+}
+
+/// Keeps the `max` heaviest stacks of a merge for a pprof output, the
+/// others summed into one sample whose stack is a single frame named
+/// [`OTHER`] (totals preserved). `None` when the merge has at most `max`
+/// stacks (nothing to cut); else the samples, the symbols they need and
+/// how many stacks were merged.
+pub fn bound_samples(samples: &[(Id, i64)], symbols: &Symbols, max: usize) -> Option<Bounded> {
+    let max = max.max(1);
+    if samples.len() <= max {
+        return None;
+    }
+    let mut order: Vec<&(Id, i64)> = samples.iter().collect();
+    order.sort_by(|a, b| {
+        b.1.unsigned_abs()
+            .cmp(&a.1.unsigned_abs())
+            .then(a.0.cmp(&b.0))
+    });
+    let (kept, cut) = order.split_at(max - 1);
+    let mut out: Vec<(Id, i64)> = kept.iter().map(|s| **s).collect();
+    let mut syms = symbols.subset(out.iter().map(|s| &s.0));
+    let f = fathom_model::Function {
+        name: OTHER.to_owned(),
+        system_name: OTHER.to_owned(),
+        ..Default::default()
+    };
+    let fid = f.id();
+    let loc = fathom_model::Location {
+        mapping: Id::ZERO,
+        address: 0,
+        lines: vec![fathom_model::Line {
+            function: fid,
+            line: 0,
+        }],
+    };
+    let lid = loc.id();
+    let stack = fathom_model::Stack {
+        locations: vec![lid],
+    };
+    let sid = stack.id();
+    syms.functions.insert(fid, f);
+    syms.locations.insert(lid, loc);
+    syms.stacks.insert(sid, stack);
+    let other = cut.iter().fold(0i64, |a, s| a.wrapping_add(s.1));
+    out.sort_unstable_by_key(|s| s.0);
+    out.push((sid, other));
+    Some((out, syms, cut.len()))
+}
+
 /// Builds the tree rooted at `total`. At most `max_nodes` nodes are kept:
 /// the largest by the sum of absolute column values; the children of a
 /// parent that fall below the cut are merged into one `other` child.
@@ -284,6 +366,70 @@ mod tests {
             r("main;d", 1),
             r("other_root;x", 3),
         ]
+    }
+
+    #[test]
+    fn bounded_folded_keeps_the_heaviest_lines_and_the_total() {
+        let (kept, cut) = bound_folded(rows(), 3);
+        assert_eq!(cut, 3);
+        let text = folded_text(&kept);
+        assert_eq!(text, "main;a;b 5\nother_root;x 3\nother 4\n");
+        // Totals are preserved.
+        let total = |r: &[(Vec<String>, [i64; 1])]| r.iter().map(|x| x.1[0]).sum::<i64>();
+        assert_eq!(total(&kept), total(&rows()));
+        // Within the bound nothing changes.
+        let (same, cut) = bound_folded(rows(), 5);
+        assert_eq!((same, cut), (rows(), 0));
+        // A bound of one is the `other` line alone.
+        let (one, cut) = bound_folded(rows(), 1);
+        assert_eq!((one.len(), cut), (1, 5));
+        assert_eq!(one[0], (vec![OTHER.to_owned()], [12]));
+    }
+
+    #[test]
+    fn bounded_pprof_samples_keep_the_heaviest_stacks_and_the_total() {
+        let mut symbols = Symbols::default();
+        let mut samples = Vec::new();
+        for i in 0..10i64 {
+            let f = fathom_model::Function {
+                name: format!("f{i}"),
+                ..Default::default()
+            };
+            let fid = f.id();
+            let loc = fathom_model::Location {
+                mapping: Id::ZERO,
+                address: i as u64,
+                lines: vec![fathom_model::Line {
+                    function: fid,
+                    line: 1,
+                }],
+            };
+            let lid = loc.id();
+            let st = fathom_model::Stack {
+                locations: vec![lid],
+            };
+            let sid = st.id();
+            symbols.functions.insert(fid, f);
+            symbols.locations.insert(lid, loc);
+            symbols.stacks.insert(sid, st);
+            samples.push((sid, (i + 1) * 10));
+        }
+        assert!(bound_samples(&samples, &symbols, 10).is_none());
+        let (kept, syms, cut) = bound_samples(&samples, &symbols, 4).unwrap();
+        assert_eq!((kept.len(), cut), (4, 7));
+        let total: i64 = kept.iter().map(|s| s.1).sum();
+        assert_eq!(total, samples.iter().map(|s| s.1).sum::<i64>());
+        let folded = folded([(&kept[..], &syms)]);
+        let names: Vec<String> = folded.iter().map(|r| r.0.join(";")).collect();
+        assert_eq!(names, vec!["f7", "f8", "f9", OTHER]);
+        assert_eq!(folded[3].1, [10 + 20 + 30 + 40 + 50 + 60 + 70]);
+        // What the pprof encoder makes of it decodes to the same total.
+        let pt: fathom_model::ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+            .parse()
+            .unwrap();
+        let p = fathom_pprof::to_pprof(&pt, &kept, &syms, 0, 1, 1);
+        assert_eq!(p.sample.len(), 4);
+        assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), total);
     }
 
     #[test]

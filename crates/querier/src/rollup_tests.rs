@@ -1,128 +1,16 @@
 //! Merges answered from rollups equal merges of the raw profiles, exactly,
 //! on the real corpus, for ranges that start and end mid-bucket.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fathom_block::{BlockData, DAY_NANOS, HOUR_NANOS, MemoryIndex, ProfileRow, SamplesBuilder};
-use fathom_model::{Id, IdHasher, Labels, Profile, Selector, Symbols, TenantId};
+use fathom_block::{DAY_NANOS, HOUR_NANOS, MemoryIndex};
+use fathom_model::{Id, Profile, Selector, TenantId};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
+use crate::test_util::history;
 use crate::{Config, test_querier_on};
-
-const TESTDATA: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/testdata/pprof"
-);
-
-/// Small pprof files of the corpus, normalized (each may hold several
-/// profile types).
-fn corpus() -> Vec<(Vec<Profile>, Symbols)> {
-    let manifest = std::fs::read_to_string(format!("{TESTDATA}/MANIFEST.tsv"))
-        .expect("the corpus manifest (shared/testdata)");
-    let mut out = Vec::new();
-    for line in manifest.lines().skip(1) {
-        let f: Vec<&str> = line.split('\t').collect();
-        if f.len() < 17 || !f[4].starts_with("pprof-proto") || !f[16].is_empty() {
-            continue;
-        }
-        let Ok(size) = f[3].parse::<u64>() else {
-            continue;
-        };
-        if size > 40_000 {
-            continue;
-        }
-        let Ok(bytes) = std::fs::read(format!("{TESTDATA}/{}", f[0])) else {
-            continue;
-        };
-        let Ok(p) = fathom_pprof::decode(&bytes, &fathom_pprof::Limits::default()) else {
-            continue;
-        };
-        let Ok(n) = fathom_pprof::normalize(&p, &Default::default()) else {
-            continue;
-        };
-        if !n.profiles.is_empty() {
-            out.push((n.profiles, n.symbols));
-        }
-    }
-    assert!(out.len() >= 20, "only {} corpus files", out.len());
-    out
-}
-
-/// The corpus replayed as two instances of one service every 5 minutes
-/// for 50 hours from 22:00 on day 0, written as one compacted block per
-/// UTC day with hour and day rollups.
-async fn history(store: &dyn ObjectStore) -> (Vec<fathom_block::BlockMeta>, Vec<Profile>) {
-    let files = corpus();
-    let t0 = 20_000 * DAY_NANOS - 2 * HOUR_NANOS;
-    let step = 5 * 60 * 1_000_000_000i64;
-    let mut all: Vec<Profile> = Vec::new();
-    let mut symbols = Symbols::default();
-    for (_, s) in &files {
-        symbols.merge(s);
-    }
-    for k in 0..600i64 {
-        for instance in ["a", "b"] {
-            let (profiles, _) = &files[(k as usize * 7 + instance.len()) % files.len()];
-            for p in profiles {
-                let mut p = p.clone();
-                // Mid-second times, so no profile sits on a bucket edge.
-                p.time_nanos = t0 + k * step + 1_234_567;
-                let mut labels = Labels::new();
-                labels.insert("service_name", "svc");
-                labels.insert("instance", instance);
-                p.labels = labels;
-                p.id = IdHasher::new("test-profile")
-                    .i64(p.time_nanos)
-                    .str(instance)
-                    .str(&p.profile_type.to_string())
-                    .finish();
-                all.push(p);
-            }
-        }
-    }
-    let mut by_day: BTreeMap<i64, Vec<&Profile>> = BTreeMap::new();
-    for p in &all {
-        by_day
-            .entry(p.time_nanos.div_euclid(DAY_NANOS))
-            .or_default()
-            .push(p);
-    }
-    let mut metas = Vec::new();
-    for profiles in by_day.values() {
-        let mut sb = SamplesBuilder::default();
-        let mut series: HashMap<Id, fathom_block::SeriesRow> = HashMap::new();
-        let mut rows = Vec::new();
-        for p in profiles {
-            sb.push_profile(p);
-            let sid = p.series_id();
-            series
-                .entry(sid)
-                .or_insert_with(|| fathom_block::SeriesRow::of(p))
-                .include(p.time_nanos);
-            rows.push(ProfileRow::of(p, sid));
-        }
-        let data = BlockData {
-            tenant: "t".into(),
-            source: "test".into(),
-            level: 2,
-            compacted_from: Vec::new(),
-            series: series.into_values().collect(),
-            profiles: rows,
-            samples: vec![sb.finish()],
-            symbols: symbols.clone(),
-            rollup_widths_nanos: vec![HOUR_NANOS, DAY_NANOS],
-        };
-        let (meta, files) = fathom_block::encode_block(&data).unwrap();
-        assert!(files.iter().any(|f| f.0 == fathom_block::files::ROLLUP));
-        fathom_block::write_block(store, &meta, files)
-            .await
-            .unwrap();
-        metas.push(meta);
-    }
-    (metas, all)
-}
 
 /// The merge of the raw profiles, summed here without any query engine.
 fn expected(all: &[Profile], pt: &str, start: i64, end: i64) -> Vec<(Id, i64)> {
@@ -284,4 +172,220 @@ async fn queries_over_their_limits_fail_clearly_and_the_querier_keeps_serving() 
     let m = q.merge(&tenant, &sel, start, end).await.unwrap();
     let got: Vec<(Id, i64)> = m.samples.iter().copied().filter(|s| s.1 != 0).collect();
     assert_eq!(got, expected(&all, &pt, start, end));
+}
+
+/// `(leaf, sum)` rows of a SQL answer, sorted, zero sums dropped.
+fn leaf_sums(batches: &[arrow::array::RecordBatch]) -> Vec<(String, i64)> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    let mut out = Vec::new();
+    for b in batches {
+        let names = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8).unwrap();
+        let names = names.as_string::<i32>();
+        let sums = b.column(1).as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            if sums.value(i) != 0 {
+                out.push((names.value(i).to_owned(), sums.value(i)));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Per-function SQL sums are answered from rollups (whole hours and days)
+/// and equal the same SQL over raw rows, exactly, for ranges that start and
+/// end mid-bucket; queries that need raw rows are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_sums_from_rollups_equal_sums_of_raw_rows() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (metas, all) = history(store.as_ref()).await;
+    let index = Arc::new(MemoryIndex::new(metas));
+    let q = test_querier_on(Config::default(), index, store);
+    let tenant = TenantId::new("t").unwrap();
+    let day1 = 20_000 * DAY_NANOS;
+    let min = 60_000_000_000i64;
+    let ranges = [
+        (
+            day1 - HOUR_NANOS - 17 * min,
+            day1 + DAY_NANOS + 3 * HOUR_NANOS + 7 * min,
+        ),
+        (
+            day1 + 2 * HOUR_NANOS + 31 * min,
+            day1 + 9 * HOUR_NANOS + 2 * min,
+        ),
+    ];
+    let mut types: Vec<String> = all.iter().map(|p| p.profile_type.to_string()).collect();
+    types.sort();
+    types.dedup();
+    let mut compared = 0;
+    for pt in &types {
+        for &(start, end) in &ranges {
+            let filter = format!(
+                "service_name = 'svc' AND profile_type = '{pt}' \
+                 AND time >= to_timestamp_nanos({start}) AND time <= to_timestamp_nanos({end})"
+            );
+            let scans = q.inner.metrics.sql_rollup_scans.get();
+            let fast = q
+                .sql_collect(
+                    &tenant,
+                    &format!(
+                        "SELECT leaf, sum(value) AS flat FROM profiles WHERE {filter} GROUP BY leaf"
+                    ),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                q.inner.metrics.sql_rollup_scans.get(),
+                scans + 1,
+                "{pt}: the rule did not apply"
+            );
+            // Counting rows keeps the scan on raw rows.
+            let raw = q
+                .sql_collect(
+                    &tenant,
+                    &format!(
+                        "SELECT leaf, sum(value) AS flat, count(*) AS n FROM profiles \
+                         WHERE {filter} GROUP BY leaf"
+                    ),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                q.inner.metrics.sql_rollup_scans.get(),
+                scans + 1,
+                "{pt}: raw query rewritten"
+            );
+            let (fast, raw) = (leaf_sums(&fast), leaf_sums(&raw));
+            if raw.is_empty() {
+                continue;
+            }
+            assert_eq!(fast, raw, "{pt} [{start}, {end}]");
+            // The total equals the merge of the raw profiles.
+            let total: i64 = fast.iter().map(|r| r.1).sum();
+            let want: i64 = expected(&all, pt, start, end).iter().map(|s| s.1).sum();
+            assert_eq!(total, want);
+            compared += 1;
+        }
+    }
+    assert!(compared >= 2, "only {compared} comparisons");
+    assert!(
+        q.inner.metrics.rollup_reads.get() > 0,
+        "the rule's scans never read a rollup"
+    );
+
+    // Counting rows, grouping by time or profile, or a time predicate the
+    // scan cannot enforce exactly: raw rows, same answers as before.
+    let pt = &types[0];
+    let (start, end) = ranges[0];
+    let before = q.inner.metrics.sql_rollup_scans.get();
+    for sql in [
+        format!(
+            "SELECT leaf, sum(value), count(*) FROM profiles WHERE profile_type = '{pt}' \
+             AND time >= to_timestamp_nanos({start}) AND time <= to_timestamp_nanos({end}) GROUP BY leaf"
+        ),
+        format!(
+            "SELECT date_trunc('hour', time) AS h, sum(value) FROM profiles \
+             WHERE profile_type = '{pt}' GROUP BY h"
+        ),
+        format!(
+            "SELECT leaf, sum(value) FROM profiles WHERE profile_type = '{pt}' \
+             AND date_trunc('hour', time) >= to_timestamp_nanos({start}) GROUP BY leaf"
+        ),
+        format!("SELECT leaf, avg(value) FROM profiles WHERE profile_type = '{pt}' GROUP BY leaf"),
+    ] {
+        q.sql_collect(&tenant, &sql).await.unwrap();
+    }
+    assert_eq!(q.inner.metrics.sql_rollup_scans.get(), before);
+    // BETWEEN is an exact bound too.
+    let between = q
+        .sql_collect(
+            &tenant,
+            &format!(
+                "SELECT leaf, sum(value) FROM profiles WHERE profile_type = '{pt}' \
+                 AND time BETWEEN to_timestamp_nanos({start}) AND to_timestamp_nanos({end}) GROUP BY leaf"
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(q.inner.metrics.sql_rollup_scans.get(), before + 1);
+    let total: i64 = leaf_sums(&between).iter().map(|r| r.1).sum();
+    let want: i64 = expected(&all, pt, start, end).iter().map(|s| s.1).sum();
+    assert_eq!(total, want);
+}
+
+/// Range queries sum whole rollup buckets that lie inside one step and
+/// raw samples for the rest: exactly the raw answer for steps that are and
+/// are not multiples of an hour, from mid-bucket starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_queries_from_rollups_equal_raw_ranges() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (metas, all) = history(store.as_ref()).await;
+    let index = Arc::new(MemoryIndex::new(metas));
+    let rollups = test_querier_on(Config::default(), index.clone(), store.clone());
+    let raw = test_querier_on(
+        Config {
+            use_rollups: false,
+            ..Config::default()
+        },
+        index,
+        store,
+    );
+    let tenant = TenantId::new("t").unwrap();
+    let day1 = 20_000 * DAY_NANOS;
+    let min = 60_000_000_000i64;
+    let (start, end) = (
+        day1 - HOUR_NANOS - 17 * min,
+        day1 + DAY_NANOS + 3 * HOUR_NANOS + 7 * min,
+    );
+    let pt = all[0].profile_type.to_string();
+    let sel = Selector::parse(&format!("{pt}{{service_name=\"svc\"}}")).unwrap();
+    let mut compared = 0;
+    for step in [
+        7 * min,
+        HOUR_NANOS,
+        90 * min,
+        2 * HOUR_NANOS,
+        DAY_NANOS,
+        DAY_NANOS + 13 * min,
+    ] {
+        let before = rollups.inner.metrics.rollup_reads.get();
+        let got = rollups
+            .range(&tenant, &sel, start, end, step, vec!["instance".into()])
+            .await
+            .unwrap();
+        let used = rollups.inner.metrics.rollup_reads.get() > before;
+        assert_eq!(
+            used,
+            step >= HOUR_NANOS,
+            "step {step}: rollups used: {used}"
+        );
+        let want = raw
+            .range(&tenant, &sel, start, end, step, vec!["instance".into()])
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 2, "two instances");
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.labels, w.labels);
+            assert_eq!(g.points, w.points, "step {step}, {:?}", g.labels);
+            // And both equal the profiles summed here, per step.
+            let inst = g.labels.get("instance").unwrap();
+            let mut by: BTreeMap<i64, i64> = BTreeMap::new();
+            for p in all.iter().filter(|p| {
+                p.profile_type.to_string() == pt
+                    && p.labels.get("instance") == Some(inst)
+                    && p.time_nanos >= start
+                    && p.time_nanos <= end
+            }) {
+                let t_ms = (start + (p.time_nanos - start) / step * step) / 1_000_000;
+                *by.entry(t_ms).or_insert(0) += p.total();
+            }
+            let mine: Vec<(i64, i64)> = by.into_iter().collect();
+            assert_eq!(g.points, mine, "step {step}");
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 12);
+    assert_eq!(raw.inner.metrics.rollup_reads.get(), 0);
 }

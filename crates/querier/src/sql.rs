@@ -35,6 +35,7 @@ use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use datafusion::prelude::*;
 use datafusion::sql::sqlparser::ast::Statement;
+use fathom_block::columns;
 use fathom_model::{Id, Labels, MatchOp, Matcher, ProfileType, Selector, Symbols, TenantId};
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -59,6 +60,9 @@ pub struct SqlConfig {
     pub timeout: Duration,
     /// Prepared statements kept per process (oldest closed first).
     pub max_prepared: usize,
+    /// Rows per batch between the engine's operators (DataFusion's batch
+    /// size): the unit in which a query's memory is reserved and released.
+    pub batch_rows: usize,
 }
 
 impl Default for SqlConfig {
@@ -67,6 +71,7 @@ impl Default for SqlConfig {
             memory_limit: 1 << 30,
             timeout: Duration::from_secs(60),
             max_prepared: 1024,
+            batch_rows: 8192,
         }
     }
 }
@@ -81,11 +86,11 @@ fn id_field(name: &str) -> Field {
 
 /// `List<Utf8>` with a nullable item named `item`, the type the stack
 /// functions take.
-pub(crate) fn stack_type() -> DataType {
+pub fn stack_type() -> DataType {
     DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true)))
 }
 
-pub(crate) fn labels_type() -> DataType {
+pub fn labels_type() -> DataType {
     DataType::Map(
         Arc::new(Field::new(
             "entries",
@@ -171,7 +176,7 @@ impl Default for Pushed {
 }
 
 /// A literal as nanoseconds, if it is a timestamp or an integer.
-fn literal_nanos(v: &ScalarValue) -> Option<i64> {
+pub(crate) fn literal_nanos(v: &ScalarValue) -> Option<i64> {
     match v {
         ScalarValue::TimestampNanosecond(Some(n), _) => Some(*n),
         ScalarValue::TimestampMicrosecond(Some(n), _) => n.checked_mul(1_000),
@@ -319,7 +324,7 @@ impl Pushed {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Profiles,
     Samples,
     Series,
@@ -329,11 +334,17 @@ enum Kind {
 
 /// One table of one tenant.
 #[derive(Clone)]
-struct Table {
-    q: Querier,
-    tenant: TenantId,
-    kind: Kind,
-    schema: SchemaRef,
+pub(crate) struct Table {
+    pub(crate) q: Querier,
+    pub(crate) tenant: TenantId,
+    pub(crate) kind: Kind,
+    pub(crate) schema: SchemaRef,
+    /// Set by [`crate::totals::TotalsRule`] on a `profiles` scan whose
+    /// rows are only summed: the exact time range (inclusive nanoseconds)
+    /// the scan covers; its rows are then value totals per (series, stack)
+    /// read from rollups where whole buckets allow, with no time or
+    /// profile id.
+    pub(crate) totals: Option<(i64, i64)>,
 }
 
 impl std::fmt::Debug for Table {
@@ -380,19 +391,22 @@ impl TableProvider for Table {
         match self.kind {
             Kind::Profiles | Kind::Samples => {
                 let q = &self.q;
+                let (start, end) = self.totals.unwrap_or((pushed.start, pushed.end));
                 let plan = q
-                    .plan(&self.tenant, &pushed.sel, pushed.start, pushed.end)
+                    .plan(&self.tenant, &pushed.sel, start, end)
                     .await
                     .map_err(external)?;
                 q.inner
                     .metrics
                     .sql_sources
                     .inc_by(plan.source_count() as u64);
-                let Some((_ctx, df)) = q
-                    .frame(&plan, pushed.start, pushed.end)
-                    .await
-                    .map_err(external)?
-                else {
+                let frame = if self.totals.is_some() {
+                    q.inner.metrics.sql_rollup_scans.inc();
+                    q.totals_frame(&plan, start, end).await
+                } else {
+                    q.frame(&plan, start, end).await
+                };
+                let Some((_ctx, df)) = frame.map_err(external)? else {
                     return Ok(Arc::new(EmptyExec::new(projected)));
                 };
                 let inner = df.create_physical_plan().await?;
@@ -666,8 +680,8 @@ impl Mapper {
                 .ok_or_else(|| DataFusionError::Internal(format!("{name} is not an id column")))
         };
         let n = b.num_rows();
-        let series_ids = ids("series_id")?;
-        let stack_ids = ids("stack_id")?;
+        let series_ids = ids(columns::SERIES_ID)?;
+        let stack_ids = ids(columns::STACK_ID)?;
         let stacks: Vec<Arc<StackCols>> = if self.needs_stacks() {
             self.resolve(stack_ids).await?
         } else {
@@ -680,7 +694,7 @@ impl Mapper {
         for c in &self.cols {
             let a: ArrayRef = match c.as_str() {
                 "time" => {
-                    let t = col("time_nanos")?.as_primitive::<Int64Type>();
+                    let t = col(columns::TIME_NANOS)?.as_primitive::<Int64Type>();
                     Arc::new(
                         TimestampNanosecondArray::new(t.values().clone(), None)
                             .with_timezone("UTC"),
@@ -924,7 +938,7 @@ impl SqlError {
             | DataFusionError::Configuration(_) => SqlError::Invalid(text),
             DataFusionError::External(inner) => match inner.downcast_ref::<QueryError>() {
                 Some(QueryError::BadRequest(m)) => SqlError::Invalid(m.clone()),
-                Some(QueryError::Head(m)) => SqlError::Unavailable(m.clone()),
+                Some(e @ QueryError::Head(_)) => SqlError::Unavailable(e.to_string()),
                 Some(QueryError::Index(m)) => SqlError::Unavailable(format!("listing blocks: {m}")),
                 _ => SqlError::Internal(text),
             },
@@ -936,16 +950,18 @@ impl SqlError {
     }
 }
 
-impl From<SqlError> for tonic::Status {
+/// SQL errors take the API's one mapping to HTTP status and gRPC code.
+impl From<SqlError> for fathom_api::ApiError {
     fn from(e: SqlError) -> Self {
+        use fathom_api::ApiError;
         match e {
-            SqlError::Invalid(m) => tonic::Status::invalid_argument(m),
-            SqlError::ReadOnly(m) => tonic::Status::permission_denied(m),
-            SqlError::NotFound(m) => tonic::Status::not_found(m),
-            SqlError::ResourcesExhausted(m) => tonic::Status::resource_exhausted(m),
-            SqlError::Timeout(m) => tonic::Status::deadline_exceeded(m),
-            SqlError::Unavailable(m) => tonic::Status::unavailable(m),
-            SqlError::Internal(m) => tonic::Status::internal(m),
+            SqlError::Invalid(m) => ApiError::BadRequest(m),
+            SqlError::ReadOnly(m) => ApiError::Forbidden(m),
+            SqlError::NotFound(m) => ApiError::NotFound(m),
+            SqlError::ResourcesExhausted(m) => ApiError::RateLimited(m),
+            SqlError::Timeout(m) => ApiError::Timeout(m),
+            SqlError::Unavailable(m) => ApiError::Unavailable(m),
+            SqlError::Internal(m) => ApiError::Internal(m),
         }
     }
 }
@@ -1011,7 +1027,7 @@ impl Querier {
             .with_create_default_catalog_and_schema(true)
             .with_information_schema(true)
             .with_target_partitions(2)
-            .with_batch_size(8192)
+            .with_batch_size(cfg.batch_rows.max(1))
             .set_bool("datafusion.execution.parquet.pushdown_filters", true);
         let ctx = SessionContext::new_with_config_rt(config, rt);
         for (name, kind) in [
@@ -1029,11 +1045,13 @@ impl Querier {
                     tenant: tenant.clone(),
                     kind,
                     schema,
+                    totals: None,
                 }),
             )
             .map_err(|e| SqlError::Internal(e.to_string()))?;
         }
         register_functions(&ctx);
+        ctx.add_optimizer_rule(Arc::new(crate::totals::TotalsRule));
         Ok(ctx)
     }
 

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fathom_api::cluster::{IngesterAddr, Ingesters};
+use fathom_api::cluster::{IngesterAddr, Ingesters, MembershipError};
 use fathom_block::BlockMeta;
-use fathom_compactor::CompactionIndex;
+use fathom_compactor::{CompactionIndex, CompactionIndexError};
 use fathom_metastore::{MetastoreClient, Role};
 
 /// The live ingesters as the metastore last listed them, refreshed in the
@@ -31,7 +31,7 @@ struct View {
     members: Arc<Vec<IngesterAddr>>,
     /// Whether a listing ever succeeded; if not, why (for the error).
     listed: bool,
-    error: Option<String>,
+    error: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 impl RingView {
@@ -85,7 +85,7 @@ fn apply(
         }
         Err(e) => {
             tracing::debug!(error = %e, "listing the ingesters failed; keeping the last view");
-            v.error = Some(e.to_string());
+            v.error = Some(Arc::new(e));
         }
     }
 }
@@ -98,10 +98,10 @@ impl Drop for RingView {
 
 #[async_trait::async_trait]
 impl Ingesters for RingView {
-    async fn ingesters(&self) -> Result<Vec<IngesterAddr>, String> {
+    async fn ingesters(&self) -> Result<Vec<IngesterAddr>, MembershipError> {
         let v = self.view.borrow();
         match (&v.error, v.listed) {
-            (Some(e), false) => Err(format!("no ingester list from the metastore yet: {e}")),
+            (Some(e), false) => Err(MembershipError::NotListed { source: e.clone() }),
             _ => Ok(v.members.as_ref().clone()),
         }
     }
@@ -112,8 +112,11 @@ pub struct MetastoreJobs(pub MetastoreClient);
 
 #[async_trait::async_trait]
 impl CompactionIndex for MetastoreJobs {
-    async fn all(&self) -> Result<Vec<BlockMeta>, String> {
-        self.0.all_blocks().await.map_err(|e| e.to_string())
+    async fn all(&self) -> Result<Vec<BlockMeta>, CompactionIndexError> {
+        self.0
+            .all_blocks()
+            .await
+            .map_err(|e| CompactionIndexError::new("listing blocks", e))
     }
 
     async fn replace(
@@ -121,33 +124,44 @@ impl CompactionIndex for MetastoreJobs {
         tenant: &str,
         add: Vec<BlockMeta>,
         remove: Vec<String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), CompactionIndexError> {
         self.0
             .replace_blocks(tenant, add, remove)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| CompactionIndexError::new("replacing blocks", e))
     }
 
-    async fn pending_deletions(&self) -> Result<Vec<(BlockMeta, i64)>, String> {
-        self.0.pending_deletions().await.map_err(|e| e.to_string())
+    async fn pending_deletions(&self) -> Result<Vec<(BlockMeta, i64)>, CompactionIndexError> {
+        self.0
+            .pending_deletions()
+            .await
+            .map_err(|e| CompactionIndexError::new("listing pending deletions", e))
     }
 
-    async fn purge(&self, tenant: &str, ids: Vec<String>) -> Result<(), String> {
-        self.0.purge(tenant, ids).await.map_err(|e| e.to_string())
+    async fn purge(&self, tenant: &str, ids: Vec<String>) -> Result<(), CompactionIndexError> {
+        self.0
+            .purge(tenant, ids)
+            .await
+            .map_err(|e| CompactionIndexError::new("purging deleted blocks", e))
     }
 
-    async fn acquire(&self, job: &str, owner: &str, ttl: Duration) -> Result<bool, String> {
+    async fn acquire(
+        &self,
+        job: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, CompactionIndexError> {
         self.0
             .acquire_lease(job, owner, ttl)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| CompactionIndexError::new("acquiring a job lease", e))
     }
 
-    async fn release(&self, job: &str, owner: &str) -> Result<(), String> {
+    async fn release(&self, job: &str, owner: &str) -> Result<(), CompactionIndexError> {
         self.0
             .release_lease(job, owner)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| CompactionIndexError::new("releasing a job lease", e))
     }
 }
 
@@ -181,7 +195,12 @@ mod tests {
             task: tokio::spawn(async {}),
         };
         let e = ring.ingesters().await.unwrap_err();
-        assert!(e.contains("no ingester list from the metastore yet"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("no ingester list from the metastore yet: "),
+            "{e}"
+        );
+        assert!(std::error::Error::source(&e).is_some());
 
         apply(&mut v, listing(&["b", "a", "c"]));
         assert_eq!(ids(&v), ["a", "b", "c"]);

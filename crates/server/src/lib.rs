@@ -1,7 +1,7 @@
 //! Wires Fathom's roles into a process. `fathom all` runs the distributor,
 //! the ingester, the querier, a one-node metastore and the compactor here,
 //! connected through the same traits they use across the network in a
-//! cluster ([`IngesterWriter`] for writes, [`HeadSource`] for recent data,
+//! cluster ([`IngesterWriter`] for writes, `fathom_querier::HeadSource` for recent data,
 //! [`BlockIndex`] for blocks): single-process mode is the same code, wired
 //! locally, with replication factor 1.
 //!
@@ -10,7 +10,7 @@
 //!                 │                         │
 //!            distributor ── LocalWriter ──► ingester ── blocks ──► object store ◄── compactor
 //!                                             ▲    │ register            ▲              │ jobs, leases
-//!            querier ──── LocalHead ──────────┘    ▼                     │              ▼
+//!            querier ──── HeadSource ─────────┘    ▼                     │              ▼
 //!               └──── blocks ──────────────► one-node metastore (Raft, own loopback port)
 //!               └──── block files through the foyer cache ───────────────┘
 //! ```
@@ -49,8 +49,8 @@ use fathom_block::BlockIndex;
 use fathom_distributor::{Distributor, IngesterWriter, OtlpProfilesServer, PushServer, WriteError};
 use fathom_ingester::Ingester;
 use fathom_metastore::{MetastoreClient, MetastoreConfig, MetastoreNode};
-use fathom_model::{Id, IngestBatch, Symbols, TenantId};
-use fathom_querier::{CachedStore, Executor, HeadData, HeadSource, Querier, QueryError};
+use fathom_model::{IngestBatch, TenantId};
+use fathom_querier::{CachedStore, Executor, Querier, QueryError};
 use prometheus_client::registry::Registry;
 
 pub use auth::Auth;
@@ -183,30 +183,6 @@ impl IngesterWriter for LocalWriter {
     }
 }
 
-/// The in-process ingester as the querier's source of recent data.
-struct LocalHead(Arc<Ingester>);
-
-#[async_trait::async_trait]
-impl HeadSource for LocalHead {
-    async fn snapshot(
-        &self,
-        tenant: &TenantId,
-        start: i64,
-        end: i64,
-    ) -> Result<Vec<HeadData>, QueryError> {
-        let s = self.0.snapshot(tenant, start, end);
-        Ok(vec![HeadData {
-            series: s.series,
-            profiles: s.profiles,
-            samples: s.samples,
-        }])
-    }
-
-    async fn symbols(&self, tenant: &TenantId, stacks: &[Id]) -> Result<Symbols, QueryError> {
-        Ok(self.0.symbols(tenant, stacks))
-    }
-}
-
 struct Shared {
     ready: AtomicBool,
     registry: Registry,
@@ -304,7 +280,7 @@ pub async fn run_all(
     })?;
     let querier = Querier::new(
         cfg.querier.clone(),
-        Arc::new(LocalHead(ingester.clone())),
+        ingester.clone(),
         index.clone(),
         CachedStore::wrap(store.clone(), &cfg.cache, &mut registry).await?,
         exec,
@@ -342,11 +318,11 @@ pub async fn run_all(
         std::mem::take(routes.axum_router_mut()).merge(fathom_distributor::router(distributor));
     *routes.axum_router_mut() = inflight.layer(writes);
     let grpc = routes
-        .add_service(fathom_querier::flight_service(Some(querier.clone()), None))
+        .add_service(fathom_query_api::flight_service(querier.clone()))
         .into_axum_router();
     let app = axum::Router::new()
         .merge(grpc)
-        .merge(fathom_querier::router(querier))
+        .merge(fathom_query_api::router(querier))
         .merge(symbols)
         .merge(fathom_ui::router());
     let app = authenticated(app, auth.as_ref());

@@ -7,7 +7,8 @@
 //! - distributor: `/ingest` and gRPC push, replicated to the ingesters by
 //!   [`ReplicatedWriter`];
 //! - querier: the HTTP query API, Arrow Flight and Flight SQL, reading
-//!   recent data from the ingesters with [`FlightHeads`].
+//!   recent data from the ingesters with [`FlightHeads`] (the ingester
+//!   crate's client of its own head-read Flight service).
 //!
 //! The ingester's routes are internal: they answer only calls that carry
 //! the cluster secret (see [`fathom_api::secret`]).
@@ -26,12 +27,12 @@ use fathom_distributor::ring::{GrpcReplicas, ReplicatedWriter};
 use fathom_distributor::{
     Distributor, Inflight, InflightConfig, Limits, OtlpProfilesServer, PushServer,
 };
-use fathom_ingester::Ingester;
-use fathom_querier::{Executor, FlightHeads, Querier};
+use fathom_ingester::{FlightHeads, Ingester};
+use fathom_querier::{Executor, Querier};
 use object_store::ObjectStore;
 use prometheus_client::registry::Registry;
 
-use crate::{Error, LocalHead, TenantsFileConfig, authenticated};
+use crate::{Error, TenantsFileConfig, authenticated};
 
 /// An ingester process.
 #[derive(Clone, Debug)]
@@ -76,10 +77,7 @@ pub fn ingester_app(
         ingester.set_series_limit(Arc::new(move |id| t.limits(id).max_series));
     }
     let routes = tonic::service::Routes::new(fathom_ingester::write_service(ingester.clone()))
-        .add_service(fathom_querier::flight_service(
-            None,
-            Some(Arc::new(LocalHead(ingester.clone()))),
-        ))
+        .add_service(fathom_ingester::flight_service(ingester.clone()))
         .into_axum_router()
         .layer(axum::middleware::from_fn_with_state(
             cfg.secret.clone(),
@@ -180,8 +178,8 @@ pub async fn querier_app(
         exec,
         registry,
     )?;
-    let grpc = tonic::service::Routes::new(fathom_querier::flight_service(Some(q.clone()), None))
-        .into_axum_router();
+    let grpc =
+        tonic::service::Routes::new(fathom_query_api::flight_service(q.clone())).into_axum_router();
     let symbols = crate::symbols::app(
         &cfg.symbols,
         debuginfo_store,
@@ -192,7 +190,7 @@ pub async fn querier_app(
     );
     let app = axum::Router::new()
         .merge(symbols)
-        .merge(fathom_querier::router(q))
+        .merge(fathom_query_api::router(q))
         .merge(fathom_ui::router())
         .merge(grpc);
     Ok(authenticated(app, auth.as_ref()))

@@ -1,5 +1,5 @@
 //! Pyroscope's flattened flame graph ("flamebearer" levels): the same tree
-//! [`flamegraph`](crate::flamegraph) builds for Fathom's own API, laid out
+//! [`flamegraph`](fathom_querier::flamegraph) builds for Fathom's own API, laid out
 //! row by row.
 //!
 //! Level `d` holds the nodes at depth `d` (level 0 is the root, `total`),
@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use fathom_model::ProfileType;
 use serde_json::json;
 
-use crate::render::FlameNode;
+use fathom_querier::FlameNode;
 
 /// A flame graph as flattened levels.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -143,7 +143,7 @@ pub(crate) mod tests {
     use std::io::Read;
 
     use super::*;
-    use crate::render::flamegraph;
+    use fathom_querier::flamegraph;
 
     /// Reads flattened levels back into (stack → (total, self)) per column,
     /// the way a flame graph renderer does: a node's parent is the node one
@@ -283,7 +283,7 @@ pub(crate) mod tests {
                 // one `other` node under their parent.
                 let kept = got
                     .keys()
-                    .filter(|p| p.last().is_none_or(|n| n != crate::OTHER))
+                    .filter(|p| p.last().is_none_or(|n| n != fathom_querier::OTHER))
                     .count();
                 assert!(kept <= max_nodes, "{kept} nodes for max_nodes={max_nodes}");
             }

@@ -8,7 +8,7 @@
 //!   (`{"kind": "merge", "query": "<selector>", "start": "now-1h"}`), and is
 //!   answered with Arrow record batches;
 //! - anything else is Flight SQL (protobuf `Any` commands), executed by
-//!   DataFusion over the tenant's tables ([`crate::sql`]).
+//!   DataFusion over the tenant's tables (`fathom_querier`'s SQL catalog).
 //!
 //! The tenant comes from the `x-scope-orgid` call header on every call.
 
@@ -44,7 +44,7 @@ use arrow_flight::{
 use bytes::Bytes;
 use datafusion::common::ScalarValue;
 use fathom_api::ApiError;
-use fathom_api::ticket::{HeadTicket, is_json, json_params};
+use fathom_api::ticket::{is_json, json_params};
 use fathom_model::TenantId;
 use futures::{Stream, TryStreamExt};
 use parking_lot::Mutex;
@@ -52,22 +52,19 @@ use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::http::{diff_params, range, range_params, selector};
-use crate::render::folded;
-use crate::sql::{CATALOG, SCHEMA, TABLES, labels_type, stack_type, table_schema};
-use crate::{HeadSource, Querier, SqlQuery};
+use fathom_querier::folded;
+use fathom_querier::{
+    CATALOG, Querier, SCHEMA, SqlError, SqlQuery, TABLES, labels_type, stack_type, table_schema,
+};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-/// The Flight service of a querier: Flight (JSON tickets) and Flight SQL;
-/// with `head`, also the head reads of [`crate::FlightHeads`] (a process
-/// that runs an ingester).
-pub fn flight_service(
-    q: Option<Querier>,
-    head: Option<Arc<dyn HeadSource>>,
-) -> FlightServiceServer<FathomFlight> {
+/// The Flight service of a querier: Flight (JSON tickets) and Flight SQL.
+/// (An ingester's head reads are its own Flight service,
+/// `fathom_ingester::flight_service`.)
+pub fn flight_service(q: Querier) -> FlightServiceServer<FathomFlight> {
     FlightServiceServer::new(FathomFlight {
-        sql: q.map(|q| Arc::new(SqlService::new(q))),
-        head,
+        sql: Arc::new(SqlService::new(q)),
     })
     .max_decoding_message_size(16 << 20)
 }
@@ -134,6 +131,11 @@ impl Kind {
 
 fn api(e: ApiError) -> Status {
     e.into()
+}
+
+/// A SQL error in the API's one mapping.
+fn sql_status(e: SqlError) -> Status {
+    ApiError::from(e).into()
 }
 
 fn arrow_status(e: arrow::error::ArrowError) -> Status {
@@ -332,16 +334,19 @@ impl SqlService {
         self.q
             .sql_plan(tenant, sql, params)
             .await
-            .map_err(Status::from)
+            .map_err(sql_status)
     }
 
     fn stream(&self, q: SqlQuery) -> BoxStream<FlightData> {
         let schema = q.schema();
         let rx = self.q.sql_execute(q);
         let batches = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv()
-                .await
-                .map(|r| (r.map_err(|e| FlightError::Tonic(Box::new(e.into()))), rx))
+            rx.recv().await.map(|r| {
+                (
+                    r.map_err(|e| FlightError::Tonic(Box::new(sql_status(e)))),
+                    rx,
+                )
+            })
         });
         Box::pin(
             FlightDataEncoderBuilder::new()
@@ -656,7 +661,7 @@ impl FlightSqlService for SqlService {
             .q
             .sql_parameters(&t, &query.query)
             .await
-            .map_err(Status::from)?;
+            .map_err(sql_status)?;
         let handle = Bytes::from(uuid::Uuid::new_v4().to_string().into_bytes());
         {
             let mut g = self.prepared.lock();
@@ -709,79 +714,12 @@ impl FlightSqlService for SqlService {
 
 /// Flight (JSON tickets) in front of Flight SQL.
 pub struct FathomFlight {
-    sql: Option<Arc<SqlService>>,
-    head: Option<Arc<dyn HeadSource>>,
-}
-
-/// The series and profiles of a head read, in the app metadata.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct HeadMeta {
-    pub(crate) series: Vec<fathom_block::SeriesRow>,
-    pub(crate) profiles: Vec<fathom_block::ProfileRow>,
+    sql: Arc<SqlService>,
 }
 
 impl FathomFlight {
     fn sql(&self) -> Result<&SqlService, Status> {
-        self.sql.as_deref().ok_or_else(|| {
-            Status::unimplemented("this process runs no querier: send queries and SQL to a querier")
-        })
-    }
-
-    fn head(&self) -> Result<&Arc<dyn HeadSource>, Status> {
-        self.head
-            .as_ref()
-            .ok_or_else(|| Status::unimplemented("this process holds no ingester head"))
-    }
-
-    /// Answers a head-read ticket.
-    async fn do_get_head(
-        &self,
-        tenant: &TenantId,
-        ticket: HeadTicket,
-    ) -> Result<BoxStream<FlightData>, Status> {
-        let head = self.head()?;
-        let unavailable = |e: crate::QueryError| Status::unavailable(e.to_string());
-        match ticket {
-            HeadTicket::Head { start, end } => {
-                let mut series = Vec::new();
-                let mut profiles = Vec::new();
-                let mut samples = Vec::new();
-                for h in head
-                    .snapshot(tenant, start, end)
-                    .await
-                    .map_err(unavailable)?
-                {
-                    series.extend(h.series);
-                    profiles.extend(h.profiles);
-                    samples.extend(h.samples);
-                }
-                let meta = serde_json::to_vec(&HeadMeta { series, profiles })
-                    .map_err(|e| Status::internal(e.to_string()))?;
-                Ok(Box::pin(
-                    FlightDataEncoderBuilder::new()
-                        .with_schema(fathom_block::samples_schema())
-                        .with_metadata(meta.into())
-                        .build(futures::stream::iter(samples.into_iter().map(Ok)))
-                        .map_err(Status::from),
-                ))
-            }
-            HeadTicket::HeadSymbols { stacks } => {
-                let ids = HeadTicket::stack_ids(&stacks)?;
-                let symbols = head.symbols(tenant, &ids).await.map_err(unavailable)?;
-                let req = fathom_proto::ingester::WriteRequest::from(&fathom_model::IngestBatch {
-                    tenant: tenant.clone(),
-                    profiles: Vec::new(),
-                    symbols,
-                });
-                Ok(Box::pin(
-                    FlightDataEncoderBuilder::new()
-                        .with_schema(Arc::new(Schema::empty()))
-                        .with_metadata(req.encode_to_vec().into())
-                        .build(futures::stream::empty())
-                        .map_err(Status::from),
-                ))
-            }
-        }
+        Ok(&self.sql)
     }
 
     fn json_info(
@@ -872,9 +810,6 @@ impl FlightService for FathomFlight {
             return FlightService::do_get(self.sql()?, request).await;
         }
         let t = tenant(&request)?;
-        if let Some(head) = HeadTicket::decode(&request.get_ref().ticket) {
-            return Ok(Response::new(self.do_get_head(&t, head).await?));
-        }
         let p = json_params(&request.get_ref().ticket)?;
         let batch = run_ticket(&self.sql()?.q, &t, &p).await?;
         Ok(Response::new(one_batch(batch)))

@@ -45,9 +45,9 @@ use serde_json::json;
 
 pub(crate) use self::levels::{Levels, flamebearer, levels};
 use crate::http::{DEFAULT_MAX_NODES, Range, check_max_nodes, check_range};
-use crate::render::{flamegraph, folded_for_display};
-use crate::{Merged, Querier, QueryError};
 use fathom_api::connect::{ConnectError, decode, respond, timeout};
+use fathom_querier::{Merged, Querier};
+use fathom_querier::{flamegraph, folded_for_display};
 
 const SERVICE: &str = "/querier.v1.QuerierService";
 
@@ -104,12 +104,6 @@ where
         &format!("{SERVICE}/{method}"),
         post(move |State(q): State<Querier>, h: HeaderMap, b: Body| unary(q, h, b, what, f)),
     )
-}
-
-impl From<QueryError> for ConnectError {
-    fn from(e: QueryError) -> Self {
-        ApiError::from(e).into()
-    }
 }
 
 /// One unary Connect call: decode, tenant, deadline, handler, encode.
@@ -487,13 +481,29 @@ fn flame_graph_message(l: Levels) -> querier::FlameGraph {
     }
 }
 
-/// The merge as Pyroscope's `google.v1.Profile` (pprof's wire format).
-fn pprof_message(m: &Merged) -> Result<google::Profile, ConnectError> {
+/// The stacks a pprof answer keeps: the request's `max_nodes`, absent or 0
+/// the configured maximum (as `/api/v1/query?format=pprof`).
+fn pprof_max_stacks(q: &Querier, n: Option<i64>) -> Result<usize, ApiError> {
+    match n {
+        None | Some(0) => Ok(q.config().max_flame_nodes),
+        Some(n) => check_max_nodes(q, n),
+    }
+}
+
+/// The merge as Pyroscope's `google.v1.Profile` (pprof's wire format),
+/// with at most `max_stacks` stacks (the smallest summed into one `other`
+/// frame).
+fn pprof_message(m: &Merged, max_stacks: usize) -> Result<google::Profile, ConnectError> {
     use prost::Message;
+    let cut = fathom_querier::bound_samples(&m.samples, &m.symbols, max_stacks);
+    let (samples, symbols) = match &cut {
+        Some((s, y, _)) => (&s[..], y),
+        None => (&m.samples[..], &m.symbols),
+    };
     let p = fathom_pprof::to_pprof(
         &m.profile_type,
-        &m.samples,
-        &m.symbols,
+        samples,
+        symbols,
         m.start,
         m.end - m.start,
         m.period,
@@ -541,10 +551,11 @@ async fn select_merge_stacktraces(
             })
         }
         querier::ProfileFormat::Pprof => {
+            let max = pprof_max_stacks(&q, req.max_nodes)?;
             let m = merge(&q, &t, &s).await?;
             Ok(querier::SelectMergeStacktracesResponse {
                 pprof: Some(querier::PprofProfile {
-                    profile: Some(pprof_message(&m)?),
+                    profile: Some(pprof_message(&m, max)?),
                 }),
                 ..Default::default()
             })
@@ -576,11 +587,9 @@ async fn select_merge_profile(
         req.start,
         req.end,
     )?;
-    // Validated like the flame graph's, but the pprof is whole (as
-    // `/api/v1/query?format=pprof`).
-    request_max_nodes(&q, req.max_nodes)?;
+    let max = pprof_max_stacks(&q, req.max_nodes)?;
     let m = merge(&q, &t, &s).await?;
-    pprof_message(&m)
+    pprof_message(&m, max)
 }
 
 /// A series request's step in nanoseconds: `step` seconds, or (0) the HTTP
@@ -813,21 +822,8 @@ async fn profile_stats(
     t: TenantId,
     _req: types::GetProfileStatsRequest,
 ) -> Result<types::GetProfileStatsResponse, ConnectError> {
-    let heads = q.inner.head.snapshot(&t, i64::MIN, i64::MAX).await?;
-    let blocks = q.blocks(&t, i64::MIN, i64::MAX).await?;
-    let spans = heads
-        .iter()
-        .flat_map(|h| {
-            h.series
-                .iter()
-                .map(|s| (s.min_time_nanos, s.max_time_nanos))
-        })
-        .chain(blocks.iter().map(|b| (b.min_time_nanos, b.max_time_nanos)));
-    let (mut oldest, mut newest, mut any) = (i64::MAX, i64::MIN, false);
-    for (lo, hi) in spans {
-        (oldest, newest, any) = (oldest.min(lo), newest.max(hi), true);
-    }
-    Ok(if any {
+    let span = q.time_span(&t).await?;
+    Ok(if let Some((oldest, newest)) = span {
         types::GetProfileStatsResponse {
             data_ingested: true,
             oldest_profile_time: oldest / 1_000_000,

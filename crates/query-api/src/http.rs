@@ -11,8 +11,8 @@ use fathom_api::{ApiError, now_nanos, parse_time, tenant_from_headers};
 use fathom_model::{Selector, TenantId};
 use serde_json::json;
 
-use crate::Querier;
-use crate::render::{flamegraph, folded, folded_for_display, folded_text, top};
+use fathom_querier::Querier;
+use fathom_querier::{flamegraph, folded, folded_for_display, folded_text, top};
 
 type Params = Query<HashMap<String, String>>;
 
@@ -268,6 +268,28 @@ fn max_nodes(q: &Querier, p: &HashMap<String, String>) -> Result<usize, ApiError
     }
 }
 
+/// Lines (folded), rows (top) or stacks (pprof) kept when a request does
+/// not say: the configured maximum (`max_flame_nodes`).
+fn max_rows(q: &Querier, p: &HashMap<String, String>) -> Result<usize, ApiError> {
+    match p.get("max_nodes") {
+        None => Ok(q.config().max_flame_nodes),
+        Some(_) => max_nodes(q, p),
+    }
+}
+
+/// The header that says how many lines, rows or stacks a bounded output
+/// merged into its `other` entry.
+const TRUNCATED: &str = "x-fathom-truncated";
+
+/// `r` with the [`TRUNCATED`] header when `cut` > 0.
+fn mark_truncated(mut r: Response, cut: usize) -> Response {
+    if cut > 0 {
+        r.headers_mut()
+            .insert(TRUNCATED, HeaderValue::from(cut as u64));
+    }
+    r
+}
+
 /// `n` as a node count if it is between 1 and the configured maximum.
 pub(crate) fn check_max_nodes(q: &Querier, n: i64) -> Result<usize, ApiError> {
     let max = q.config().max_flame_nodes;
@@ -305,30 +327,39 @@ async fn query(
         )));
     }
     let nodes = max_nodes(&q, &p)?;
+    let bound = max_rows(&q, &p)?;
     let m = q.merge(&t, &sel, r.start, r.end).await?;
     if format == "pprof" {
+        let cut = fathom_querier::bound_samples(&m.samples, &m.symbols, bound);
+        let (samples, symbols, cut) = match &cut {
+            Some((s, y, n)) => (&s[..], y, *n),
+            None => (&m.samples[..], &m.symbols, 0),
+        };
         let body = fathom_pprof::encode(
             &m.profile_type,
-            &m.samples,
-            &m.symbols,
+            samples,
+            symbols,
             m.start,
             m.end - m.start,
             m.period,
         );
-        return Ok((
-            [
-                (
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/vnd.google.protobuf+gzip"),
-                ),
-                (
-                    header::CONTENT_DISPOSITION,
-                    HeaderValue::from_static("attachment; filename=\"profile.pb.gz\""),
-                ),
-            ],
-            body,
-        )
-            .into_response());
+        return Ok(mark_truncated(
+            (
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/vnd.google.protobuf+gzip"),
+                    ),
+                    (
+                        header::CONTENT_DISPOSITION,
+                        HeaderValue::from_static("attachment; filename=\"profile.pb.gz\""),
+                    ),
+                ],
+                body,
+            )
+                .into_response(),
+            cut,
+        ));
     }
     let cols = [(&m.samples[..], &m.symbols)];
     let rows = if format == "folded" {
@@ -337,17 +368,26 @@ async fn query(
         folded_for_display(cols)
     };
     Ok(match format {
-        "folded" => text(folded_text(&rows)),
+        "folded" => {
+            let (rows, cut) = fathom_querier::bound_folded(rows, bound);
+            mark_truncated(text(folded_text(&rows)), cut)
+        }
         "top" => {
             let total: i64 = rows.iter().map(|r| r.1[0]).sum();
-            let t = top(&rows);
-            Json(json!({
-                "unit": m.profile_type.sample_unit,
-                "total": total,
-                "profiles": m.profiles,
-                "rows": t.iter().map(|r| json!({"name": r.name, "flat": r.flat[0], "cum": r.cum[0]})).collect::<Vec<_>>(),
-            }))
-            .into_response()
+            let mut t = top(&rows);
+            let cut = t.len().saturating_sub(bound);
+            t.truncate(bound);
+            mark_truncated(
+                Json(json!({
+                    "unit": m.profile_type.sample_unit,
+                    "total": total,
+                    "profiles": m.profiles,
+                    "truncated": cut,
+                    "rows": t.iter().map(|r| json!({"name": r.name, "flat": r.flat[0], "cum": r.cum[0]})).collect::<Vec<_>>(),
+                }))
+                .into_response(),
+                cut,
+            )
         }
         _ => Json(flamegraph(&rows, nodes).to_json()).into_response(),
     })
@@ -385,6 +425,7 @@ async fn diff(
         )));
     }
     let nodes = max_nodes(&q, &p)?;
+    let bound = max_rows(&q, &p)?;
     let (l, r) = tokio::try_join!(
         q.merge(&t, &ls, lr.start, lr.end),
         q.merge(&t, &rs, rr.start, rr.end)
@@ -396,20 +437,29 @@ async fn diff(
         folded_for_display(cols)
     };
     Ok(match format {
-        "folded" => text(folded_text(&rows)),
+        "folded" => {
+            let (rows, cut) = fathom_querier::bound_folded(rows, bound);
+            mark_truncated(text(folded_text(&rows)), cut)
+        }
         "top" => {
-            let t = top(&rows);
-            Json(json!({
-                "unit": l.profile_type.sample_unit,
-                "left_total": l.total(),
-                "right_total": r.total(),
-                "rows": t.iter().map(|r| json!({
-                    "name": r.name,
-                    "left_flat": r.flat[0], "left_cum": r.cum[0],
-                    "right_flat": r.flat[1], "right_cum": r.cum[1],
-                })).collect::<Vec<_>>(),
-            }))
-            .into_response()
+            let mut t = top(&rows);
+            let cut = t.len().saturating_sub(bound);
+            t.truncate(bound);
+            mark_truncated(
+                Json(json!({
+                    "unit": l.profile_type.sample_unit,
+                    "left_total": l.total(),
+                    "right_total": r.total(),
+                    "truncated": cut,
+                    "rows": t.iter().map(|r| json!({
+                        "name": r.name,
+                        "left_flat": r.flat[0], "left_cum": r.cum[0],
+                        "right_flat": r.flat[1], "right_cum": r.cum[1],
+                    })).collect::<Vec<_>>(),
+                }))
+                .into_response(),
+                cut,
+            )
         }
         _ => Json(flamegraph(&rows, nodes).to_json()).into_response(),
     })
@@ -441,7 +491,7 @@ async fn changes(
     h: HeaderMap,
     Query(p): Params,
 ) -> Result<Response, ApiError> {
-    use crate::changes::{ALPHA, Direction, Functions, rank};
+    use fathom_querier::{ALPHA, Direction, Functions, rank};
     let t = tenant(&h)?;
     let ((ls, lr), (rs, rr)) = diff_params(&q, &p)?;
     let limit = int_param(&p, "limit", 100, 1, 10_000)?;
@@ -466,7 +516,7 @@ async fn changes(
     })
     .await
     .map_err(|e| ApiError::internal(format!("ranking changes: {e}")))?;
-    let side = |w: &crate::changes::Window, o: &[crate::changes::Observation]| {
+    let side = |w: &fathom_querier::Window, o: &[fathom_querier::Observation]| {
         json!({
             "total": o.iter().map(|x| x.total).sum::<i64>(),
             "profiles": w.profiles,
@@ -497,13 +547,33 @@ mod tests {
     use std::sync::Arc;
 
     fn querier() -> Querier {
-        crate::test_querier(Arc::new(fathom_block::MemoryIndex::default()))
+        fathom_querier::test_querier(Arc::new(fathom_block::MemoryIndex::default()))
     }
 
     fn params(kv: &[(&str, &str)]) -> HashMap<String, String> {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// A range longer than the request's tenant's limit (set by the
+    /// server's authentication layer) is refused; the flag's applies
+    /// outside a request.
+    #[tokio::test]
+    async fn a_too_long_range_is_refused_with_the_tenants_limit() {
+        let q = querier();
+        let day = std::time::Duration::from_secs(86_400);
+        let two_days = 2 * day.as_nanos() as i64;
+        let refused = fathom_api::auth::with_request_limits(
+            fathom_api::auth::TenantLimits {
+                max_query_range: Some(day),
+                ..Default::default()
+            },
+            async { check_range(&q, 0, two_days, "start", "end").is_err() },
+        )
+        .await;
+        assert!(refused);
+        assert!(check_range(&q, 0, two_days, "start", "end").is_ok());
     }
 
     /// Negative, huge and extreme times are refused with 400 naming the

@@ -1,0 +1,177 @@
+//! A distributor's replicated write, end to end in one process: the
+//! records the distributor's [`ReplicatedWriter`] sends (one per ring
+//! group, to every replica) are, byte for byte, what each ingester's WAL
+//! holds, and what replays after a restart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fathom_api::cluster::{IngesterAddr, StaticIngesters};
+use fathom_block::MemoryIndex;
+use fathom_distributor::IngesterWriter;
+use fathom_distributor::ring::{ReplicaClient, ReplicaError, ReplicatedWriter};
+use fathom_model::{IngestBatch, Labels, TenantId};
+use object_store::memory::InMemory;
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+
+use crate::{Config, Ingester, wal};
+
+/// Delivers each record to an in-process ingester, as the gRPC
+/// `WriteRecord` handler does, and keeps a copy of what was sent.
+struct InProcess {
+    ingesters: Vec<(String, Arc<Ingester>)>,
+    sent: Mutex<Vec<(String, bytes::Bytes)>>,
+}
+
+#[async_trait::async_trait]
+impl ReplicaClient for InProcess {
+    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError> {
+        let (_, ing) = self
+            .ingesters
+            .iter()
+            .find(|(id, _)| *id == to.id)
+            .expect("a known ingester");
+        self.sent.lock().push((to.id.clone(), record.clone()));
+        ing.write_record(record)
+            .await
+            .map(|_| ())
+            .map_err(|e| ReplicaError::Failed(e.to_string()))
+    }
+}
+
+fn open(dir: &std::path::Path) -> Arc<Ingester> {
+    Ingester::open(
+        Config {
+            data_dir: dir.to_owned(),
+            name: "test".into(),
+            flush_interval: Duration::from_secs(3600),
+            max_head_bytes: 1 << 30,
+            max_head_memory: 1 << 30,
+        },
+        Arc::new(InMemory::new()),
+        Arc::new(MemoryIndex::default()),
+        &mut Registry::default(),
+    )
+    .unwrap()
+}
+
+/// Real profiles of two services in one request (so two ring groups and
+/// two records), normalized and merged as the distributor does.
+fn corpus_batch() -> IngestBatch {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/testdata/pprof/"
+    );
+    let mut batch = IngestBatch {
+        tenant: TenantId::new("t1").unwrap(),
+        profiles: Vec::new(),
+        symbols: Default::default(),
+    };
+    for (file, service) in [
+        (
+            "grafana+pyroscope/pkg/og/convert/pprof/testdata/heap.pb.gz",
+            "heap-svc",
+        ),
+        (
+            "google+pprof/internal/driver/testdata/cppbench.cpu_no_samples_type",
+            "cpu-svc",
+        ),
+    ] {
+        let bytes = std::fs::read(format!("{dir}{file}")).expect("corpus file");
+        let p = fathom_pprof::decode(&bytes, &fathom_pprof::Limits::default()).unwrap();
+        let n = fathom_pprof::normalize(
+            &p,
+            &fathom_pprof::NormalizeOptions {
+                labels: Labels::from_pairs([("service_name", service)]).unwrap(),
+                time_nanos_override: Some(1_700_000_000_000_000_000),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        batch.profiles.extend(n.profiles);
+        batch.symbols.merge_owned(n.symbols);
+    }
+    batch
+}
+
+#[tokio::test]
+async fn the_wal_holds_the_bytes_the_distributor_sent() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let ids: Vec<String> = (0..3).map(|i| format!("ingester-{i}")).collect();
+    let client = Arc::new(InProcess {
+        ingesters: ids
+            .iter()
+            .zip(&dirs)
+            .map(|(id, d)| (id.clone(), open(d.path())))
+            .collect(),
+        sent: Mutex::new(Vec::new()),
+    });
+    let members = ids
+        .iter()
+        .map(|id| IngesterAddr {
+            id: id.clone(),
+            addr: format!("{id}:9095"),
+        })
+        .collect();
+    let writer = ReplicatedWriter::new(
+        Arc::new(StaticIngesters(members)),
+        client.clone(),
+        3,
+        &mut Registry::default(),
+    );
+    let batch = corpus_batch();
+    let series: std::collections::HashSet<_> =
+        batch.profiles.iter().map(|p| p.labels.clone()).collect();
+    assert_eq!(series.len(), 2, "two services, two ring groups");
+    writer.write(batch.clone()).await.unwrap();
+
+    let sent = client.sent.lock().clone();
+    assert_eq!(
+        sent.len(),
+        3 * series.len(),
+        "one record per group and replica"
+    );
+    for (id, dir) in ids.iter().zip(&dirs) {
+        let to_this: Vec<Vec<u8>> = sent
+            .iter()
+            .filter(|(to, _)| to == id)
+            .map(|(_, r)| r.to_vec())
+            .collect();
+        let mut stored = wal::read_records(&dir.path().join("wal"));
+        let mut want = to_this.clone();
+        // Replicas of different groups may append in either order.
+        stored.sort();
+        want.sort();
+        assert_eq!(stored, want, "{id}'s WAL holds exactly what it was sent");
+    }
+    // Every replica got the same bytes for a group: the record was encoded
+    // once, and it decodes back to the batch's profiles and symbols.
+    let mut profiles = 0;
+    for (_, r) in sent.iter().filter(|(to, _)| *to == ids[0]) {
+        assert_eq!(
+            sent.iter().filter(|(_, other)| other == r).count(),
+            3,
+            "three replicas of the same bytes"
+        );
+        let b = fathom_proto::decode_write_request(r).unwrap();
+        for p in &b.profiles {
+            assert!(batch.profiles.contains(p));
+        }
+        profiles += b.profiles.len();
+    }
+    assert_eq!(profiles, batch.profiles.len());
+
+    // After a restart each ingester replays those records to the same head.
+    let t = TenantId::new("t1").unwrap();
+    for ((_, ing), dir) in client.ingesters.iter().zip(&dirs) {
+        let before = ing.snapshot(&t, 0, i64::MAX);
+        let again = open(dir.path());
+        let after = again.snapshot(&t, 0, i64::MAX);
+        assert_eq!(after.profiles, before.profiles);
+        assert_eq!(
+            after.samples.iter().map(|b| b.num_rows()).sum::<usize>(),
+            before.samples.iter().map(|b| b.num_rows()).sum::<usize>()
+        );
+    }
+}

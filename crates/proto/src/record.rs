@@ -1,0 +1,442 @@
+//! A direct decoder of format-2 `WriteRequest` records into an
+//! [`IngestBatch`](model::IngestBatch).
+//!
+//! Every replica of a write and every WAL replay decodes the record. prost
+//! first builds the message (a `Vec<u8>` for every id: one per sample, per
+//! line, per symbol; a `String` per label and profile type) and the
+//! conversion then copies it into the model. This reads the wire bytes
+//! once: ids straight into [`Id`]s, strings validated and copied once,
+//! samples into their final vectors.
+//!
+//! It is an accelerator, not a second definition of the format: it
+//! accepts only what it is sure of (format 2, well-formed framing, every
+//! id 16 bytes, every reference defined) and returns `None` for anything
+//! else, and [`crate::decode_write_request`] then takes the prost path,
+//! which decides (and words the error). Fields follow prost's rules:
+//! unknown fields are skipped, a repeated field's occurrences append, a
+//! singular field's last occurrence wins, and a known field with another
+//! wire type is malformed. A test checks that both paths agree on
+//! every record, including damaged ones.
+
+use fathom_model as model;
+use model::Id;
+
+/// One field of a message: its number and, by wire type, its value.
+struct Field<'a> {
+    number: u64,
+    value: Value<'a>,
+}
+
+enum Value<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    /// A fixed-size value (wire types 1 and 5): no field of the format
+    /// has one, so it is only ever skipped.
+    Fixed,
+}
+
+/// prost's varint: at most 10 bytes, the tenth no more than 1.
+#[inline]
+fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in 0..10 {
+        let byte = *b.get(*pos)?;
+        *pos += 1;
+        if shift == 9 && byte > 1 {
+            return None;
+        }
+        v |= u64::from(byte & 0x7f) << (7 * shift);
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The fields of a message; `None` at the first framing error.
+struct Fields<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+fn fields(b: &[u8]) -> Fields<'_> {
+    Fields { b, pos: 0 }
+}
+
+impl<'a> Fields<'a> {
+    /// The next field, `Ok(None)` at the end, `Err(())` if malformed.
+    #[inline]
+    fn next_field(&mut self) -> Result<Option<Field<'a>>, ()> {
+        if self.pos >= self.b.len() {
+            return Ok(None);
+        }
+        let key = varint(self.b, &mut self.pos).ok_or(())?;
+        let number = key >> 3;
+        if number == 0 || number > u64::from(u32::MAX >> 3) {
+            return Err(());
+        }
+        let value = match key & 7 {
+            0 => Value::Varint(varint(self.b, &mut self.pos).ok_or(())?),
+            2 => {
+                let len = varint(self.b, &mut self.pos).ok_or(())?;
+                let start = self.pos;
+                let end = usize::try_from(len)
+                    .ok()
+                    .and_then(|l| start.checked_add(l))
+                    .filter(|&e| e <= self.b.len())
+                    .ok_or(())?;
+                self.pos = end;
+                Value::Bytes(&self.b[start..end])
+            }
+            w @ (1 | 5) => {
+                let n = if w == 1 { 8 } else { 4 };
+                self.pos = self
+                    .pos
+                    .checked_add(n)
+                    .filter(|&e| e <= self.b.len())
+                    .ok_or(())?;
+                Value::Fixed
+            }
+            // Groups (3, 4) and invalid wire types: left to prost.
+            _ => return Err(()),
+        };
+        Ok(Some(Field { number, value }))
+    }
+}
+
+/// Calls `f` for each field of `b`; `None` if the framing is bad or `f`
+/// refuses a field.
+#[inline]
+fn each<'a>(b: &'a [u8], mut f: impl FnMut(Field<'a>) -> Option<()>) -> Option<()> {
+    let mut it = fields(b);
+    while let Some(field) = it.next_field().ok()? {
+        f(field)?;
+    }
+    Some(())
+}
+
+impl<'a> Value<'a> {
+    #[inline]
+    fn varint(&self) -> Option<u64> {
+        match self {
+            Value::Varint(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn bytes(&self) -> Option<&'a [u8]> {
+        match self {
+            Value::Bytes(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn str(&self) -> Option<&'a str> {
+        std::str::from_utf8(self.bytes()?).ok()
+    }
+}
+
+#[inline]
+fn id(b: &[u8]) -> Option<Id> {
+    Id::from_slice(b)
+}
+
+/// The top-level fields of a record, by kind, in wire order.
+#[derive(Default)]
+struct Top<'a> {
+    tenant: &'a str,
+    format: u32,
+    profiles: Vec<&'a [u8]>,
+    functions: Vec<&'a [u8]>,
+    mappings: Vec<&'a [u8]>,
+    locations: Vec<&'a [u8]>,
+    stacks: Vec<&'a [u8]>,
+}
+
+/// Decodes a format-2 record, or `None` (see the module docs).
+pub(crate) fn decode_format2(record: &[u8]) -> Option<model::IngestBatch> {
+    let mut top = Top::default();
+    each(record, |f| {
+        match f.number {
+            1 => top.tenant = f.value.str()?,
+            2 => top.profiles.push(f.value.bytes()?),
+            3 => top.functions.push(f.value.bytes()?),
+            4 => top.mappings.push(f.value.bytes()?),
+            5 => top.locations.push(f.value.bytes()?),
+            6 => top.stacks.push(f.value.bytes()?),
+            // uint32: prost keeps the low 32 bits.
+            7 => top.format = f.value.varint()? as u32,
+            _ => {}
+        }
+        Some(())
+    })?;
+    if top.format != crate::WRITE_FORMAT {
+        return None;
+    }
+    let tenant = model::TenantId::new(top.tenant).ok()?;
+    let mut symbols = model::Symbols::default();
+    symbols.functions.reserve(top.functions.len());
+    symbols.mappings.reserve(top.mappings.len());
+    symbols.locations.reserve(top.locations.len());
+    symbols.stacks.reserve(top.stacks.len());
+    for b in top.functions {
+        let (mut name, mut system_name, mut filename, mut start_line, mut fid) =
+            ("", "", "", 0i64, &[][..]);
+        each(b, |f| {
+            match f.number {
+                1 => name = f.value.str()?,
+                2 => system_name = f.value.str()?,
+                3 => filename = f.value.str()?,
+                4 => start_line = f.value.varint()? as i64,
+                5 => fid = f.value.bytes()?,
+                _ => {}
+            }
+            Some(())
+        })?;
+        symbols.functions.insert(
+            id(fid)?,
+            model::Function {
+                name: name.to_owned(),
+                system_name: system_name.to_owned(),
+                filename: filename.to_owned(),
+                start_line,
+            },
+        );
+    }
+    for b in top.mappings {
+        let mut m = model::Mapping::default();
+        let (mut filename, mut build_id, mut mid) = ("", "", &[][..]);
+        each(b, |f| {
+            match f.number {
+                1 => m.memory_start = f.value.varint()?,
+                2 => m.memory_limit = f.value.varint()?,
+                3 => m.file_offset = f.value.varint()?,
+                4 => filename = f.value.str()?,
+                5 => build_id = f.value.str()?,
+                6 => mid = f.value.bytes()?,
+                _ => {}
+            }
+            Some(())
+        })?;
+        m.filename = filename.to_owned();
+        m.build_id = build_id.to_owned();
+        symbols.mappings.insert(id(mid)?, m);
+    }
+    for b in top.locations {
+        let mut loc = model::Location::default();
+        let (mut mapping, mut lid) = (&[][..], &[][..]);
+        each(b, |f| {
+            match f.number {
+                1 => mapping = f.value.bytes()?,
+                2 => loc.address = f.value.varint()?,
+                3 => {
+                    let (mut function, mut line) = (&[][..], 0i64);
+                    each(f.value.bytes()?, |g| {
+                        match g.number {
+                            1 => function = g.value.bytes()?,
+                            2 => line = g.value.varint()? as i64,
+                            _ => {}
+                        }
+                        Some(())
+                    })?;
+                    loc.lines.push(model::Line {
+                        function: id(function)?,
+                        line,
+                    });
+                }
+                4 => lid = f.value.bytes()?,
+                _ => {}
+            }
+            Some(())
+        })?;
+        loc.mapping = id(mapping)?;
+        symbols.locations.insert(id(lid)?, loc);
+    }
+    for b in top.stacks {
+        let (mut sid, mut packed, mut per_frame) = (&[][..], &[][..], false);
+        each(b, |f| {
+            match f.number {
+                // Format 0's one-element-per-frame field: left to prost.
+                1 => {
+                    f.value.bytes()?;
+                    per_frame = true;
+                }
+                2 => sid = f.value.bytes()?,
+                3 => packed = f.value.bytes()?,
+                _ => {}
+            }
+            Some(())
+        })?;
+        if per_frame || packed.len() % 16 != 0 {
+            return None;
+        }
+        let mut locations = Vec::with_capacity(packed.len() / 16);
+        for c in packed.chunks_exact(16) {
+            let l = id(c)?;
+            if !symbols.locations.contains_key(&l) {
+                return None;
+            }
+            locations.push(l);
+        }
+        symbols.stacks.insert(id(sid)?, model::Stack { locations });
+    }
+    let mut profiles = Vec::with_capacity(top.profiles.len());
+    for b in top.profiles {
+        let (mut pid, mut profile_type) = (&[][..], "");
+        let (mut time_nanos, mut duration_nanos, mut period) = (0i64, 0i64, 0i64);
+        let mut labels: Vec<(&str, &str)> = Vec::new();
+        let mut samples = Vec::new();
+        each(b, |f| {
+            match f.number {
+                1 => pid = f.value.bytes()?,
+                2 => profile_type = f.value.str()?,
+                3 => {
+                    let (mut name, mut value) = ("", "");
+                    each(f.value.bytes()?, |g| {
+                        match g.number {
+                            1 => name = g.value.str()?,
+                            2 => value = g.value.str()?,
+                            _ => {}
+                        }
+                        Some(())
+                    })?;
+                    labels.push((name, value));
+                }
+                4 => time_nanos = f.value.varint()? as i64,
+                5 => duration_nanos = f.value.varint()? as i64,
+                6 => period = f.value.varint()? as i64,
+                7 => {
+                    let (mut stack, mut value) = (&[][..], 0i64);
+                    each(f.value.bytes()?, |g| {
+                        match g.number {
+                            1 => stack = g.value.bytes()?,
+                            2 => value = g.value.varint()? as i64,
+                            _ => {}
+                        }
+                        Some(())
+                    })?;
+                    let stack = id(stack)?;
+                    if !symbols.stacks.contains_key(&stack) {
+                        return None;
+                    }
+                    samples.push(model::Sample { stack, value });
+                }
+                _ => {}
+            }
+            Some(())
+        })?;
+        profiles.push(model::Profile {
+            id: id(pid)?,
+            profile_type: profile_type.parse().ok()?,
+            labels: model::Labels::from_pairs(labels).ok()?,
+            time_nanos,
+            duration_nanos,
+            period,
+            samples,
+        });
+    }
+    Some(model::IngestBatch {
+        tenant,
+        profiles,
+        symbols,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode_write_request, decode_write_request_prost, encode_write_request};
+    use prost::Message;
+
+    /// Both decoders on `b`: the same batch, or both refuse.
+    fn agree(b: &[u8]) -> bool {
+        let fast = decode_write_request(b);
+        let prost = decode_write_request_prost(b);
+        assert_eq!(fast.is_ok(), prost.is_ok(), "{fast:?} / {prost:?}");
+        assert_eq!(fast.ok(), prost.ok());
+        decode_format2(b).is_some()
+    }
+
+    #[test]
+    fn reads_format2_records_directly() {
+        let b = crate::encode::tests::batch();
+        let rec = encode_write_request(&b);
+        assert_eq!(decode_format2(&rec), Some(b.clone()));
+        assert!(agree(&rec));
+        let empty = model::IngestBatch {
+            tenant: model::TenantId::new("t").unwrap(),
+            profiles: vec![],
+            symbols: model::Symbols::default(),
+        };
+        assert_eq!(
+            decode_format2(&encode_write_request(&empty)),
+            Some(empty.clone())
+        );
+        // prost's rules: unknown fields skipped (every wire type but
+        // groups), the last tenant wins, repeated fields append.
+        let mut more = rec.clone();
+        more.extend_from_slice(b"\xc8\x06\x2a"); // field 89, varint
+        more.extend_from_slice(b"\xd1\x06\x01\x02\x03\x04\x05\x06\x07\x08"); // field 90, fixed64
+        more.extend_from_slice(b"\xdd\x06\x01\x02\x03\x04"); // field 91, fixed32
+        more.extend_from_slice(b"\x0a\x06team-b"); // tenant again
+        let got = decode_format2(&more).expect("read directly");
+        assert_eq!(got.tenant.as_str(), "team-b");
+        assert!(agree(&more));
+        let twice = [rec.clone(), rec.clone()].concat();
+        let got = decode_format2(&twice).expect("read directly");
+        assert_eq!(got.profiles.len(), 2 * b.profiles.len());
+        assert!(agree(&twice));
+    }
+
+    #[test]
+    fn leaves_format0_and_unknown_versions_to_prost() {
+        let b = crate::encode::tests::batch();
+        let v0 = crate::write_request_format0(&b).encode_to_vec();
+        assert_eq!(decode_format2(&v0), None);
+        assert_eq!(decode_write_request(&v0).unwrap(), b);
+        let mut v3 = crate::ingester::WriteRequest::from(&b);
+        v3.format_version = 3;
+        let v3 = v3.encode_to_vec();
+        assert_eq!(decode_format2(&v3), None);
+        assert!(matches!(
+            decode_write_request(&v3),
+            Err(crate::ConvertError::FormatVersion { version: 3 })
+        ));
+    }
+
+    /// Every single-byte change and every truncation of a record: the
+    /// direct decoder never accepts what prost refuses, and what it
+    /// accepts equals prost's batch.
+    #[test]
+    fn agrees_with_prost_on_damaged_records() {
+        let rec = encode_write_request(&crate::encode::tests::batch());
+        let mut direct = 0;
+        let mut tried = 0;
+        for i in 0..rec.len() {
+            for v in [
+                0x00,
+                0xff,
+                0x80,
+                0x7f,
+                rec[i] ^ 0x01,
+                rec[i] ^ 0x08,
+                rec[i] ^ 0x40,
+            ] {
+                let mut m = rec.clone();
+                m[i] = v;
+                tried += 1;
+                direct += usize::from(agree(&m));
+            }
+        }
+        for n in 0..rec.len() {
+            tried += 1;
+            direct += usize::from(agree(&rec[..n]));
+        }
+        // Some damage still decodes (a changed value, a skipped field):
+        // the comparison covered accepted records, not only refusals.
+        assert!(direct > 100, "{direct} of {tried} read directly");
+        assert!(direct < tried);
+    }
+}
