@@ -736,8 +736,10 @@ async fn month_bench(dir: &Path) {
                     p.duration_nanos,
                     p.period,
                 );
-                // Short relative names: a day is ~86 k arguments.
-                let name = format!("{:x}", pprof_files.len());
+                // Short relative names: a day is ~86 k arguments. Not
+                // bare hex: pprof takes a hex first argument for a build
+                // id, not a profile, and would drop that file.
+                let name = format!("p{:x}", pprof_files.len());
                 std::fs::write(pprof_dir.join(&name), bytes).unwrap();
                 pprof_files.push(name);
                 pprof_secs += tw.elapsed().as_secs_f64();
@@ -851,6 +853,10 @@ fn go_pprof_day(dir: &Path, files: &[String], want: i64, ours: f64) {
     )
     .expect("go tool pprof's output decodes");
     let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()).take(20) {
+        println!("info: go tool pprof said: {line}");
+    }
     assert_eq!(total, want, "go tool pprof's day total equals ours");
     println!(
         "figure go_pprof_merge_day: {secs:.3} s for {} profile files (go tool pprof -proto, total {total}); our day merge: median {ours:.3} s; ratio {:.1}",
@@ -1058,7 +1064,13 @@ fn main() {
         }
         if want("month") {
             let d = tempfile::tempdir().unwrap();
-            month_bench(d.path()).await;
+            if std::env::var_os("FATHOM_BENCH_KEEP").is_some() {
+                let kept = d.keep();
+                println!("info: month bench data kept in {}", kept.display());
+                month_bench(&kept).await;
+            } else {
+                month_bench(d.path()).await;
+            }
         }
         for kind in ["go", "jvm"] {
             if want("merge") || want(kind) {

@@ -894,6 +894,7 @@ fn register_functions(ctx: &SessionContext) {
 }
 
 /// A planned, read-only query and the session it runs in.
+#[derive(Clone)]
 pub struct SqlQuery {
     pub(crate) df: DataFrame,
 }

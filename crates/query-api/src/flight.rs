@@ -12,9 +12,11 @@
 //!
 //! The tenant comes from the `x-scope-orgid` call header on every call.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use arrow::array::{
     ArrayRef, FixedSizeBinaryBuilder, Int64Array, ListBuilder, RecordBatch, StringBuilder,
@@ -288,11 +290,30 @@ struct Prepared {
     used: u64,
 }
 
+/// A statement planned by `GetFlightInfo`, for the `DoGet` that follows.
+struct Planned {
+    tenant: TenantId,
+    sql: String,
+    at: Instant,
+    query: SqlQuery,
+}
+
+/// Planned statements kept for their `DoGet`, at most, and for how long.
+const PLANNED_KEPT: usize = 64;
+const PLANNED_TTL: Duration = Duration::from_secs(30);
+
 /// The Flight SQL half.
 pub(crate) struct SqlService {
     q: Querier,
     info: SqlInfoData,
     prepared: Mutex<(u64, HashMap<Bytes, Prepared>)>,
+    /// A client runs a statement as `GetFlightInfo` (which plans it, for
+    /// its schema) then `DoGet` of the ticket: the plan waits here so the
+    /// statement is planned once. The ticket still carries the SQL, so a
+    /// `DoGet` that finds nothing here (another querier, a late or
+    /// repeated one) plans it again.
+    planned: Mutex<VecDeque<Planned>>,
+    plans_reused: AtomicU64,
 }
 
 impl SqlService {
@@ -322,6 +343,42 @@ impl SqlService {
             q,
             info,
             prepared: Mutex::new((0, HashMap::new())),
+            planned: Mutex::new(VecDeque::new()),
+            plans_reused: AtomicU64::new(0),
+        }
+    }
+
+    /// Keeps `query`, planned for `tenant`'s `sql`, for its `DoGet`.
+    fn keep_plan(&self, tenant: &TenantId, sql: &str, query: SqlQuery) {
+        let mut kept = self.planned.lock();
+        kept.retain(|p| p.at.elapsed() < PLANNED_TTL);
+        if kept.len() >= PLANNED_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(Planned {
+            tenant: tenant.clone(),
+            sql: sql.to_owned(),
+            at: Instant::now(),
+            query,
+        });
+    }
+
+    /// The plan `GetFlightInfo` kept for `tenant`'s `sql`, taken (each is
+    /// used once), else a new plan.
+    async fn take_or_plan(&self, tenant: &TenantId, sql: &str) -> Result<SqlQuery, Status> {
+        let kept = {
+            let mut kept = self.planned.lock();
+            kept.retain(|p| p.at.elapsed() < PLANNED_TTL);
+            kept.iter()
+                .position(|p| &p.tenant == tenant && p.sql == sql)
+                .and_then(|i| kept.remove(i))
+        };
+        match kept {
+            Some(p) => {
+                self.plans_reused.fetch_add(1, Ordering::Relaxed);
+                Ok(p.query)
+            }
+            None => self.plan(tenant, sql, None).await,
         }
     }
 
@@ -442,6 +499,7 @@ impl FlightSqlService for SqlService {
     ) -> Result<Response<FlightInfo>, Status> {
         let t = tenant(&request)?;
         let planned = self.plan(&t, &query.query, None).await?;
+        self.keep_plan(&t, &query.query, planned.clone());
         let ticket = TicketStatementQuery {
             statement_handle: Bytes::from(query.query.into_bytes()),
         }
@@ -515,7 +573,7 @@ impl FlightSqlService for SqlService {
         let t = tenant(&request)?;
         let sql = std::str::from_utf8(&ticket.statement_handle)
             .map_err(|_| Status::invalid_argument("the statement handle is not UTF-8 SQL"))?;
-        let planned = self.plan(&t, sql, None).await?;
+        let planned = self.take_or_plan(&t, sql).await?;
         Ok(Response::new(self.stream(planned)))
     }
 
@@ -870,5 +928,82 @@ mod tests {
         assert!(e.message().contains("nope"));
         let e = Status::from(json_params(b"{not json").unwrap_err());
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
+
+    /// `GetFlightInfo` then `DoGet` of a statement plans it once: `DoGet`
+    /// takes the kept plan. A `DoGet` with no kept plan, or another
+    /// tenant's, plans again, with the same answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_statement_is_planned_once_for_its_flight_info_and_do_get() {
+        use arrow::array::AsArray;
+        use arrow::datatypes::Int64Type;
+        use fathom_block::MemoryIndex;
+        use object_store::ObjectStore;
+        use object_store::memory::InMemory;
+
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let (metas, all) = fathom_querier::test_util::history(store.as_ref()).await;
+        let rows: usize = all.iter().map(|p| p.samples.len()).sum();
+        let q = fathom_querier::test_querier_on(
+            fathom_querier::Config::default(),
+            Arc::new(MemoryIndex::new(metas)),
+            store,
+        );
+        let svc = &SqlService::new(q);
+        let sql = "SELECT count(*) AS n FROM samples";
+        let req = |tenant: &str| {
+            let mut r = Request::new(FlightDescriptor::new_cmd(Vec::<u8>::new()));
+            r.metadata_mut()
+                .insert("x-scope-orgid", tenant.parse().unwrap());
+            r
+        };
+        let info = |tenant: &'static str| {
+            svc.get_flight_info_statement(
+                CommandStatementQuery {
+                    query: sql.into(),
+                    transaction_id: None,
+                },
+                req(tenant),
+            )
+        };
+        let get = |tenant: &'static str| async move {
+            let mut r = Request::new(Ticket::default());
+            r.metadata_mut()
+                .insert("x-scope-orgid", tenant.parse().unwrap());
+            let stream = svc
+                .do_get_statement(
+                    TicketStatementQuery {
+                        statement_handle: sql.into(),
+                    },
+                    r,
+                )
+                .await
+                .unwrap()
+                .into_inner();
+            let batches: Vec<RecordBatch> = FlightRecordBatchStream::new_from_flight_data(
+                stream.map_err(|s| FlightError::Tonic(Box::new(s))),
+            )
+            .try_collect()
+            .await
+            .unwrap();
+            batches[0].column(0).as_primitive::<Int64Type>().value(0)
+        };
+
+        info("t").await.unwrap();
+        assert_eq!(svc.planned.lock().len(), 1);
+        let n = get("t").await;
+        assert_eq!(n, i64::try_from(rows).unwrap(), "every sample row counted");
+        assert_eq!(svc.plans_reused.load(Ordering::Relaxed), 1);
+        assert!(svc.planned.lock().is_empty(), "a kept plan is used once");
+
+        // No kept plan: planned again, same answer.
+        assert_eq!(get("t").await, n);
+        assert_eq!(svc.plans_reused.load(Ordering::Relaxed), 1);
+
+        // Another tenant's DoGet of the same SQL does not take t's plan.
+        info("t").await.unwrap();
+        assert_eq!(get("u").await, 0, "tenant u has no data");
+        assert_eq!(svc.plans_reused.load(Ordering::Relaxed), 1);
+        assert_eq!(svc.planned.lock().len(), 1);
     }
 }
