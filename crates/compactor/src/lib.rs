@@ -197,7 +197,9 @@ impl Job {
 /// result is a top-level block. Top-level blocks are grouped like the top
 /// level's inputs: one alone stays as it is, and a block that arrives
 /// late for its window (a replica registered after its siblings were
-/// merged) is merged into it.
+/// merged) is merged into it. Below the top level, a block alone in its
+/// window whose siblings were merged already joins their result's group
+/// one level up, for the same reason.
 pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
     let mut groups: BTreeMap<(String, u32, i64), Vec<BlockMeta>> = BTreeMap::new();
     let Some(top) = windows.len().checked_sub(1) else {
@@ -221,6 +223,31 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
             .entry((b.tenant.clone(), level as u32, start))
             .or_default()
             .push(b.clone());
+    }
+    // A block alone in its window below the top level, whose window's
+    // other blocks were merged already (a replica registered after its
+    // siblings' job ran), joins the group of their result one level up,
+    // so it is merged into it instead of staying alone for ever.
+    let lone: Vec<(String, u32, i64)> = groups
+        .iter()
+        .filter(|(k, v)| v.len() == 1 && (k.1 as usize) < top)
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in lone {
+        let (tenant, level, start) = key.clone();
+        let up = level as usize + 1;
+        let Some(min) = groups.get(&key).map(|v| v[0].min_time_nanos) else {
+            continue;
+        };
+        let up_key = (tenant, up as u32, window_of(up, min).0);
+        let siblings_merged = groups.get(&up_key).is_some_and(|v| {
+            v.iter().any(|o| {
+                o.level as usize == up && window_of(level as usize, o.min_time_nanos).0 == start
+            })
+        });
+        if siblings_merged && let Some(late) = groups.remove(&key) {
+            groups.entry(up_key).or_default().extend(late);
+        }
     }
     groups
         .into_iter()
@@ -773,9 +800,9 @@ mod tests {
         out
     }
 
-    #[test]
-    fn plans_windows_per_level() {
-        let mk = |id: &str, level: u32, min: i64, max: i64| BlockMeta {
+    /// A block of tenant `t` for the planner's tests.
+    fn planned_meta(id: &str, level: u32, min: i64, max: i64) -> BlockMeta {
+        BlockMeta {
             format_version: 1,
             id: id.into(),
             tenant: "t".into(),
@@ -788,7 +815,12 @@ mod tests {
             stats: Default::default(),
             created_at_ms: 0,
             rollup_widths_nanos: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn plans_windows_per_level() {
+        let mk = planned_meta;
         let blocks = vec![
             mk("a", 0, T0, T0 + 10),
             mk("b", 0, T0 + 5, T0 + HOUR - 1),
@@ -820,6 +852,25 @@ mod tests {
                 (1, vec!["k", "l"])
             ]
         );
+    }
+
+    /// A level-0 replica registered after its siblings of the same hour
+    /// were merged joins their level-1 result; a level-0 block alone in
+    /// another hour of that day waits for its own siblings.
+    #[test]
+    fn a_late_replica_joins_its_merged_siblings() {
+        let mk = planned_meta;
+        let blocks = vec![
+            mk("late", 0, T0 + 10, T0 + 20),
+            mk("merged", 1, T0 + 5, T0 + 30),
+            mk("next-hour", 0, T0 + HOUR + 10, T0 + HOUR + 20),
+        ];
+        let jobs = plan(&blocks, &Config::default().windows);
+        let got: Vec<(u32, Vec<&str>)> = jobs
+            .iter()
+            .map(|j| (j.level, j.blocks.iter().map(|b| b.id.as_str()).collect()))
+            .collect();
+        assert_eq!(got, vec![(1, vec!["late", "merged"])]);
     }
 
     #[test]
