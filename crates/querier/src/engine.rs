@@ -487,8 +487,9 @@ impl Querier {
         self.summable_frame(plan, start, end, Shape::Stacks).await
     }
 
-    /// `(series_id, stack_id, value)`: the value totals per series and
-    /// stack of the plan in `[start, end]`, read as [`Querier::merge_frame`]
+    /// `(series_id, stack_id, value)`, or `(stack_id, value)` unless
+    /// `per_series`: the value totals per series and stack (or per stack)
+    /// of the plan in `[start, end]`, read as [`Querier::merge_frame`]
     /// reads (rollups for whole buckets): what SQL sums of `profiles` read
     /// ([`crate::totals`]).
     pub(crate) async fn totals_frame(
@@ -496,17 +497,20 @@ impl Querier {
         plan: &Plan,
         start: i64,
         end: i64,
+        per_series: bool,
     ) -> Result<Option<(SessionContext, DataFrame)>, QueryError> {
-        let Some((ctx, df)) = self
-            .summable_frame(plan, start, end, Shape::SeriesStacks)
-            .await?
-        else {
+        let (shape, keys) = if per_series {
+            (
+                Shape::SeriesStacks,
+                vec![col(columns::SERIES_ID), col(columns::STACK_ID)],
+            )
+        } else {
+            (Shape::Stacks, vec![col(columns::STACK_ID)])
+        };
+        let Some((ctx, df)) = self.summable_frame(plan, start, end, shape).await? else {
             return Ok(None);
         };
-        let df = df.aggregate(
-            vec![col(columns::SERIES_ID), col(columns::STACK_ID)],
-            vec![sum(col(columns::VALUE)).alias("value")],
-        )?;
+        let df = df.aggregate(keys, vec![sum(col(columns::VALUE)).alias("value")])?;
         Ok(Some((ctx, df)))
     }
 

@@ -240,6 +240,24 @@ async fn sql_sums_from_rollups_equal_sums_of_raw_rows() {
                 scans + 1,
                 "{pt}: the rule did not apply"
             );
+            // A series column in the answer: totals per (series, stack),
+            // the same sums.
+            let per_series = q
+                .sql_collect(
+                    &tenant,
+                    &format!(
+                        "SELECT leaf, sum(value) AS flat, service_name FROM profiles \
+                         WHERE {filter} GROUP BY leaf, service_name"
+                    ),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                q.inner.metrics.sql_rollup_scans.get(),
+                scans + 2,
+                "{pt}: the rule did not apply with a series column"
+            );
+            assert_eq!(leaf_sums(&per_series), leaf_sums(&fast), "{pt}");
             // Counting rows keeps the scan on raw rows.
             let raw = q
                 .sql_collect(
@@ -253,8 +271,27 @@ async fn sql_sums_from_rollups_equal_sums_of_raw_rows() {
                 .unwrap();
             assert_eq!(
                 q.inner.metrics.sql_rollup_scans.get(),
-                scans + 1,
+                scans + 2,
                 "{pt}: raw query rewritten"
+            );
+            // The service and type equalities are the scan's (its
+            // selector's), so it reads no series column and sums per stack.
+            let explain = q
+                .sql_collect(
+                    &tenant,
+                    &format!(
+                        "EXPLAIN SELECT leaf, sum(value) AS flat FROM profiles WHERE {filter} GROUP BY leaf"
+                    ),
+                )
+                .await
+                .unwrap();
+            let text = arrow::util::pretty::pretty_format_batches(&explain)
+                .unwrap()
+                .to_string();
+            assert!(
+                text.contains("TableScan: profiles projection=[leaf, value], full_filters=")
+                    && !text.contains("Filter:"),
+                "{text}"
             );
             let (fast, raw) = (leaf_sums(&fast), leaf_sums(&raw));
             if raw.is_empty() {

@@ -220,6 +220,69 @@ fn label_access(e: &Expr) -> Option<&str> {
     literal_str(&f.args[1])
 }
 
+/// `profile_type = '…'`: the profile type it names, if it parses back to
+/// the same text (the column shows the parsed type's text).
+fn profile_type_equality(e: &Expr) -> Option<&str> {
+    let Expr::BinaryExpr(BinaryExpr {
+        left,
+        op: Operator::Eq,
+        right,
+    }) = e
+    else {
+        return None;
+    };
+    let (c, v) = match (left.as_ref(), right.as_ref()) {
+        (c, v) if literal_str(v).is_some() => (c, v),
+        (v, c) => (c, v),
+    };
+    if !matches!(c, Expr::Column(col) if col.name == "profile_type") {
+        return None;
+    }
+    let s = literal_str(v)?;
+    s.parse::<ProfileType>()
+        .is_ok_and(|pt| pt.to_string() == s)
+        .then_some(s)
+}
+
+/// Whether `f` is an equality the scan's selector enforces exactly, so
+/// that DataFusion need not apply it again: `service_name = 'x'`,
+/// `labels['k'] = 'x'` (a non-empty value: a selector's `k=""` also
+/// matches series without `k`, SQL's does not) or `profile_type = 'x'`
+/// (unless another profile type predicate of the scan names a different
+/// one: the selector holds only one).
+fn exact_selection(f: &Expr, all: &[&Expr]) -> bool {
+    if let Some(pt) = profile_type_equality(f) {
+        return all.iter().all(|o| {
+            !o.column_refs().iter().any(|c| c.name == "profile_type")
+                || profile_type_equality(o) == Some(pt)
+        });
+    }
+    let Expr::BinaryExpr(BinaryExpr {
+        left,
+        op: Operator::Eq,
+        right,
+    }) = f
+    else {
+        return false;
+    };
+    let (c, v) = match (left.as_ref(), right.as_ref()) {
+        (c, v) if literal_str(v).is_some() => (c, v),
+        (v, c) => (c, v),
+    };
+    let Some(value) = literal_str(v).filter(|s| !s.is_empty()) else {
+        return false;
+    };
+    let label = match c {
+        Expr::Column(col) if col.name == "service_name" => "service_name",
+        c => match label_access(c) {
+            Some(l) => l,
+            None => return false,
+        },
+    };
+    // Only when the selector takes it (a valid label name).
+    Matcher::new(label, MatchOp::Eq, value).is_ok()
+}
+
 fn literal(e: &Expr) -> Option<&ScalarValue> {
     match e {
         Expr::Literal(v, _) => Some(v),
@@ -340,12 +403,26 @@ pub(crate) struct Table {
     pub(crate) kind: Kind,
     pub(crate) schema: SchemaRef,
     /// Set by [`crate::totals::TotalsRule`] on a `profiles` scan whose
-    /// rows are only summed: the exact time range (inclusive nanoseconds)
-    /// the scan covers; its rows are then value totals per (series, stack)
-    /// read from rollups where whole buckets allow, with no time or
-    /// profile id.
-    pub(crate) totals: Option<(i64, i64)>,
+    /// rows are only summed; its rows are then value totals read from
+    /// rollups where whole buckets allow, with no time or profile id.
+    pub(crate) totals: Option<Totals>,
 }
+
+/// What a sums-only scan of `profiles` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Totals {
+    /// The exact time range, inclusive nanoseconds.
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+    /// Totals per (series, stack) when the query reads a column of the
+    /// series (its id, type, service or labels); per stack otherwise,
+    /// which is what a flame graph merge sums.
+    pub(crate) per_series: bool,
+}
+
+/// The `profiles` columns that come from a row's series.
+pub(crate) const SERIES_COLUMNS: [&str; 4] =
+    ["series_id", "profile_type", "service_name", "labels"];
 
 impl std::fmt::Debug for Table {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -367,8 +444,21 @@ impl TableProvider for Table {
         &self,
         filters: &[&Expr],
     ) -> datafusion::error::Result<Vec<TableProviderFilterPushDown>> {
-        // Inexact: DataFusion applies every predicate again above the scan.
-        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+        // Equalities that the plan's selector enforces exactly are Exact for
+        // the tables of rows (DataFusion then neither applies them again
+        // nor reads their columns); everything else is Inexact: DataFusion
+        // applies it again above the scan.
+        let rows = matches!(self.kind, Kind::Profiles | Kind::Samples);
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if rows && exact_selection(f, filters) {
+                    TableProviderFilterPushDown::Exact
+                } else {
+                    TableProviderFilterPushDown::Inexact
+                }
+            })
+            .collect())
     }
 
     async fn scan(
@@ -391,7 +481,9 @@ impl TableProvider for Table {
         match self.kind {
             Kind::Profiles | Kind::Samples => {
                 let q = &self.q;
-                let (start, end) = self.totals.unwrap_or((pushed.start, pushed.end));
+                let (start, end) = self
+                    .totals
+                    .map_or((pushed.start, pushed.end), |t| (t.start, t.end));
                 let plan = q
                     .plan(&self.tenant, &pushed.sel, start, end)
                     .await
@@ -400,9 +492,9 @@ impl TableProvider for Table {
                     .metrics
                     .sql_sources
                     .inc_by(plan.source_count() as u64);
-                let frame = if self.totals.is_some() {
+                let frame = if let Some(t) = self.totals {
                     q.inner.metrics.sql_rollup_scans.inc();
-                    q.totals_frame(&plan, start, end).await
+                    q.totals_frame(&plan, start, end, t.per_series).await
                 } else {
                     q.frame(&plan, start, end).await
                 };
@@ -680,7 +772,16 @@ impl Mapper {
                 .ok_or_else(|| DataFusionError::Internal(format!("{name} is not an id column")))
         };
         let n = b.num_rows();
-        let series_ids = ids(columns::SERIES_ID)?;
+        // A sums-only scan that reads no series column has no series ids.
+        let series_ids = if self
+            .cols
+            .iter()
+            .any(|c| SERIES_COLUMNS.contains(&c.as_str()))
+        {
+            Some(ids(columns::SERIES_ID)?)
+        } else {
+            None
+        };
         let stack_ids = ids(columns::STACK_ID)?;
         let stacks: Vec<Arc<StackCols>> = if self.needs_stacks() {
             self.resolve(stack_ids).await?
@@ -688,7 +789,7 @@ impl Mapper {
             Vec::new()
         };
         let series_of = |i: usize| -> Option<&SeriesCols> {
-            Id::from_slice(series_ids.value(i)).and_then(|id| self.series.get(&id))
+            Id::from_slice(series_ids?.value(i)).and_then(|id| self.series.get(&id))
         };
         let mut out: Vec<ArrayRef> = Vec::with_capacity(self.cols.len());
         for c in &self.cols {
@@ -1308,6 +1409,59 @@ mod tests {
             p.start
         );
         assert_eq!(p.end, i64::MAX);
+    }
+
+    /// The equalities a selector enforces exactly are Exact; anything it
+    /// would widen or cannot hold is Inexact.
+    #[tokio::test]
+    async fn only_selector_equalities_are_exact() {
+        let pt = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+        let exact = |sql_where: String| async move {
+            let fs = filters(&sql_where).await;
+            let refs: Vec<&Expr> = fs.iter().collect();
+            fs.iter()
+                .map(|f| (f.to_string(), exact_selection(f, &refs)))
+                .collect::<Vec<_>>()
+        };
+        let got = exact(format!(
+            "service_name = 'api' AND labels['env'] = 'prod' AND profile_type = '{pt}' \
+             AND value > 3 AND time > TIMESTAMP '2024-01-01T00:00:00Z'"
+        ))
+        .await;
+        assert_eq!(got.len(), 5, "{got:?}");
+        let mut exact_ones: Vec<&str> = got.iter().filter(|g| g.1).map(|g| g.0.as_str()).collect();
+        exact_ones.sort();
+        assert_eq!(
+            exact_ones,
+            vec![
+                "get_field(profiles.labels, Utf8(\"env\")) = Utf8(\"prod\")",
+                "profiles.profile_type = Utf8(\"process_cpu:cpu:nanoseconds:cpu:nanoseconds\")",
+                "profiles.service_name = Utf8(\"api\")",
+            ],
+            "{got:?}"
+        );
+        for w in [
+            // `k=""` of a selector matches series without `k`.
+            "labels['env'] = ''".to_owned(),
+            "service_name = ''".to_owned(),
+            "service_name LIKE 'a%'".to_owned(),
+            "service_name <> 'api'".to_owned(),
+            // Not a profile type's own text.
+            "profile_type = 'cpu'".to_owned(),
+            format!("profile_type = '{pt}' AND profile_type LIKE 'mem%'"),
+        ] {
+            let got = exact(w.clone()).await;
+            assert!(!got.is_empty(), "{w}");
+            assert!(got.iter().all(|g| !g.1), "{w}: {got:?}");
+        }
+        // Two profile types (DataFusion folds the SQL to `false`; a
+        // selector holds one, so neither equality is exact).
+        use datafusion::prelude::{col, lit};
+        let a = col("profile_type").eq(lit(pt));
+        let b = col("profile_type").eq(lit("memory:alloc_space:bytes:space:bytes"));
+        assert!(exact_selection(&a, &[&a]));
+        assert!(!exact_selection(&a, &[&a, &b]));
+        assert!(!exact_selection(&b, &[&a, &b]));
     }
 
     #[tokio::test]

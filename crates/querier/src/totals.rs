@@ -15,7 +15,9 @@
 //! swaps the scan for one that reads what an HTTP merge reads (whole hours
 //! and days from compacted blocks' `rollup.parquet`, raw samples for the
 //! edges and the heads, replica copies dropped) and sums it per (series,
-//! stack) before the rows are mapped to names. Sums are of integers, so the
+//! stack), or per stack when the query reads no column of the series
+//! (equalities on the service, type and labels are enforced by the scan's
+//! selector), before the rows are mapped to names. Sums are of integers, so the
 //! answer is exactly the one over raw rows.
 //!
 //! The rule applies only when all of these hold, and otherwise leaves the
@@ -39,7 +41,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
-use crate::sql::{Kind, Pushed, Table};
+use crate::sql::{Kind, Pushed, SERIES_COLUMNS, Table, Totals};
 
 /// The optimizer rule; see the module documentation.
 #[derive(Debug, Default)]
@@ -222,8 +224,15 @@ fn rewrite_aggregate(agg: &Aggregate) -> Option<LogicalPlan> {
         Some(p) => p.iter().copied().filter(dropped).collect(),
         None => (0..schema.fields().len()).filter(dropped).collect(),
     };
+    let per_series = columns
+        .iter()
+        .any(|i| SERIES_COLUMNS.contains(&schema.field(*i).name().as_str()));
     let totals = Table {
-        totals: Some((pushed.start, pushed.end)),
+        totals: Some(Totals {
+            start: pushed.start,
+            end: pushed.end,
+            per_series,
+        }),
         ..table
     };
     let filters: Vec<Expr> = scan
