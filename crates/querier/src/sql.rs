@@ -220,9 +220,8 @@ fn label_access(e: &Expr) -> Option<&str> {
     literal_str(&f.args[1])
 }
 
-/// `profile_type = '…'`: the profile type it names, if it parses back to
-/// the same text (the column shows the parsed type's text).
-fn profile_type_equality(e: &Expr) -> Option<&str> {
+/// `<expr> = '<string>'` (either way round): the expression and the string.
+fn equals_string(e: &Expr) -> Option<(&Expr, &str)> {
     let Expr::BinaryExpr(BinaryExpr {
         left,
         op: Operator::Eq,
@@ -231,14 +230,20 @@ fn profile_type_equality(e: &Expr) -> Option<&str> {
     else {
         return None;
     };
-    let (c, v) = match (left.as_ref(), right.as_ref()) {
-        (c, v) if literal_str(v).is_some() => (c, v),
-        (v, c) => (c, v),
-    };
+    match (literal_str(left), literal_str(right)) {
+        (None, Some(s)) => Some((left.as_ref(), s)),
+        (Some(s), None) => Some((right.as_ref(), s)),
+        _ => None,
+    }
+}
+
+/// `profile_type = '…'`: the profile type it names, if it parses back to
+/// the same text (the column shows the parsed type's text).
+fn profile_type_equality(e: &Expr) -> Option<&str> {
+    let (c, s) = equals_string(e)?;
     if !matches!(c, Expr::Column(col) if col.name == "profile_type") {
         return None;
     }
-    let s = literal_str(v)?;
     s.parse::<ProfileType>()
         .is_ok_and(|pt| pt.to_string() == s)
         .then_some(s)
@@ -257,19 +262,7 @@ fn exact_selection(f: &Expr, all: &[&Expr]) -> bool {
                 || profile_type_equality(o) == Some(pt)
         });
     }
-    let Expr::BinaryExpr(BinaryExpr {
-        left,
-        op: Operator::Eq,
-        right,
-    }) = f
-    else {
-        return false;
-    };
-    let (c, v) = match (left.as_ref(), right.as_ref()) {
-        (c, v) if literal_str(v).is_some() => (c, v),
-        (v, c) => (c, v),
-    };
-    let Some(value) = literal_str(v).filter(|s| !s.is_empty()) else {
+    let Some((c, value)) = equals_string(f).filter(|(_, s)| !s.is_empty()) else {
         return false;
     };
     let label = match c {
