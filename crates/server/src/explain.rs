@@ -39,7 +39,8 @@ const KEEP: usize = 16 * 1024;
 /// today) pass through unchanged.
 const MAX_REJECTION_BODY: usize = 64 * 1024;
 
-/// A TCP listener whose connections explain hyper's refusals.
+/// A TCP listener whose connections explain hyper's refusals (and send
+/// without Nagle's delay).
 pub(crate) struct Listener(pub(crate) TcpListener);
 
 impl axum::serve::Listener for Listener {
@@ -49,7 +50,16 @@ impl axum::serve::Listener for Listener {
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
             match self.0.accept().await {
-                Ok((stream, addr)) => return (Explaining::new(stream), addr),
+                Ok((stream, addr)) => {
+                    // Responses go out as soon as they are written: with
+                    // Nagle's algorithm a gRPC or Flight answer's last small
+                    // frame waits for the peer's delayed ACK (up to 40 ms
+                    // on Linux) before it is sent.
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY not set");
+                    }
+                    return (Explaining::new(stream), addr);
+                }
                 // The peer gave up before we accepted: nothing to do.
                 Err(e) if is_connection_error(&e) => continue,
                 // Out of file descriptors and the like: wait for some to be
@@ -403,6 +413,19 @@ pub(crate) async fn json_errors(req: Request<Body>, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Accepted connections send without Nagle's delay (a Flight answer's
+    /// last frame would otherwise wait for the client's delayed ACK).
+    #[tokio::test]
+    async fn accepted_connections_do_not_wait_for_acks() {
+        use axum::serve::Listener as _;
+        let mut l = Listener(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let addr = l.local_addr().unwrap();
+        let client = tokio::spawn(TcpStream::connect(addr));
+        let (io, _) = l.accept().await;
+        assert!(io.inner.nodelay().unwrap());
+        client.await.unwrap().unwrap();
+    }
 
     const HYPER_400: &[u8] =
         b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: Mon, 23 Nov 2026 10:00:00 GMT\r\n\r\n";
