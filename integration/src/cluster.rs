@@ -296,6 +296,10 @@ impl Cluster {
         }
         if opts.wait_ring {
             c.wait_ingesters(3, Duration::from_secs(30))?;
+            // A distributor is ready once it knows a quorum (2), and lists
+            // the ingesters about once a second: a write right after start
+            // could still go to two replicas.
+            c.wait_views(3, Duration::from_secs(30))?;
         }
         Ok(c)
     }
@@ -391,6 +395,34 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Waits until every distributor's and the querier's ring view holds
+    /// `n` ingesters (the last "ingester ring changed" line of its log).
+    pub fn wait_views(&self, n: usize, timeout: Duration) -> Result<()> {
+        let t0 = Instant::now();
+        let want = format!("ingesters={n}");
+        for p in self
+            .distributors
+            .iter()
+            .chain(std::iter::once(&self.querier))
+        {
+            loop {
+                let log = p.log();
+                let last = log.lines().rfind(|l| l.contains("ingester ring changed"));
+                if last.is_some_and(|l| l.contains(&want)) {
+                    break;
+                }
+                if t0.elapsed() > timeout {
+                    bail!(
+                        "{} does not see {n} ingesters after {timeout:?}: {last:?}",
+                        p.name
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
     }
 
     /// The metastore node that reports itself leader.
