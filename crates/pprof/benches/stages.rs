@@ -11,8 +11,9 @@
 //! The ingester's stages are measured both ways the code still supports:
 //! a record of format 0 (no symbol ids: the ingester re-hashes every
 //! symbol and encodes its own WAL record, what a cluster ingester did
-//! before format 2) and of format 2 (ids as sent, the received bytes are
-//! the WAL record: one decode), the latter both with the direct decoder
+//! before format 2) and of the current format (3: ids as sent, stacks
+//! index the record's locations; the received bytes are the WAL record:
+//! one decode), the latter both with the direct decoder
 //! (`fathom_proto::decode_write_request`) and through the prost message
 //! (`decode_write_request_prost`, what it replaced).
 
@@ -106,6 +107,16 @@ fn main() {
         .iter()
         .map(fathom_proto::encode_write_request)
         .collect();
+    let v3_total: usize = v2.iter().map(Vec::len).sum();
+    let v2_total: usize = batches
+        .iter()
+        .map(|b| fathom_proto::write_request_format2(b).encoded_len())
+        .sum();
+    println!(
+        "figure record_bytes_per_pprof_byte: {:.2} ({v3_total} bytes of records for {total} bytes of pprof: what a distributor sends each replica and each WAL stores; format 2, stacks by location id: {:.2})",
+        v3_total as f64 / total as f64,
+        v2_total as f64 / total as f64,
+    );
     let v0: Vec<Vec<u8>> = batches
         .iter()
         .map(|b| fathom_proto::write_request_format0(b).encode_to_vec())
@@ -241,17 +252,13 @@ fn main() {
     figure("encode_record", 3, enc);
     figure("distributor_decode_normalize_encode", 4, distributor);
     figure("ingester_record_format0_rehash_reencode", 5, ingester_v0);
-    figure("ingester_record_format2_as_received", 6, ingester_v2);
-    figure(
-        "ingester_record_format2_via_prost_message",
-        7,
-        ingester_v2_prost,
-    );
+    figure("ingester_record_as_received", 6, ingester_v2);
+    figure("ingester_record_via_prost_message", 7, ingester_v2_prost);
     // The time per byte of the stages add up: a cluster write costs the
     // distributor's pass plus one ingester pass per replica.
     let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);
     println!(
-        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 2 (distributor + 3 ingester decodes; WAL, head and network not included)",
+        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 3 (distributor + 3 ingester decodes; WAL, head and network not included)",
         per_write(ingester_v0),
         per_write(ingester_v2),
     );

@@ -111,23 +111,75 @@ fn location_len(l: &model::Location) -> usize {
         + delimited_len(4, 16)
 }
 
-fn stack_len(s: &model::Stack) -> usize {
+/// A stack's locations as format 3 writes them: indexes into the
+/// record's locations, or `None` (by id, as format 2) when one of them is
+/// not in the record.
+struct StackFrames {
+    /// Every stack's indexes, one after the other.
+    indexes: Vec<u32>,
+    /// Per stack (in the symbol map's order): its range in `indexes` and
+    /// the packed field's payload length, or `None`.
+    stacks: Vec<Option<(usize, usize, usize)>>,
+}
+
+impl StackFrames {
+    fn new(s: &model::Symbols) -> Self {
+        let index: Option<model::IdMap<u32>> = u32::try_from(s.locations.len()).ok().map(|_| {
+            s.locations
+                .keys()
+                .enumerate()
+                .map(|(i, id)| (*id, i as u32))
+                .collect()
+        });
+        let frames: usize = s.stacks.values().map(|st| st.locations.len()).sum();
+        let mut indexes = Vec::with_capacity(frames);
+        let mut stacks = Vec::with_capacity(s.stacks.len());
+        for st in s.stacks.values() {
+            let start = indexes.len();
+            let mut packed = 0;
+            let mut all = index.is_some();
+            for l in &st.locations {
+                match index.as_ref().and_then(|m| m.get(l)) {
+                    Some(&i) => {
+                        packed += encoded_len_varint(u64::from(i));
+                        indexes.push(i);
+                    }
+                    None => {
+                        all = false;
+                        break;
+                    }
+                }
+            }
+            if all {
+                stacks.push(Some((start, indexes.len(), packed)));
+            } else {
+                indexes.truncate(start);
+                stacks.push(None);
+            }
+        }
+        StackFrames { indexes, stacks }
+    }
+}
+
+fn stack_len(s: &model::Stack, frames: Option<(usize, usize, usize)>) -> usize {
     delimited_len(2, 16)
-        + if s.locations.is_empty() {
-            0
-        } else {
-            delimited_len(3, 16 * s.locations.len())
+        + match frames {
+            _ if s.locations.is_empty() => 0,
+            Some((_, _, packed)) => delimited_len(4, packed),
+            None => delimited_len(3, 16 * s.locations.len()),
         }
 }
 
 /// The bytes of `WriteRequest::from(b).encode_to_vec()` (format
-/// [`WRITE_FORMAT`](crate::WRITE_FORMAT): every symbol with its id), without
+/// [`WRITE_FORMAT`](crate::WRITE_FORMAT): every symbol with its id, stacks
+/// naming the record's locations by index), without
 /// building the message: same fields, same order (the symbol maps'
 /// iteration order), proto3 defaults omitted the way prost omits them.
 /// An id is 16 bytes, never empty, so prost writes it too (it omits only
 /// empty `bytes`).
 pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
     let s = &b.symbols;
+    let frames = StackFrames::new(s);
     let types: Vec<String> = b
         .profiles
         .iter()
@@ -144,7 +196,11 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         + repeated_len(3, s.functions.values(), function_len)
         + repeated_len(4, s.mappings.values(), mapping_len)
         + repeated_len(5, s.locations.values(), location_len)
-        + repeated_len(6, s.stacks.values(), stack_len)
+        + s.stacks
+            .values()
+            .zip(&frames.stacks)
+            .map(|(st, f)| delimited_len(6, stack_len(st, *f)))
+            .sum::<usize>()
         + varint_len(7, u64::from(crate::WRITE_FORMAT));
     let mut buf = Vec::with_capacity(total);
     put_bytes(&mut buf, 1, b.tenant.as_str().as_bytes());
@@ -194,13 +250,24 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         }
         put_bytes(&mut buf, 4, &id.0);
     }
-    for (id, st) in &s.stacks {
-        put_header(&mut buf, 6, stack_len(st));
+    for ((id, st), f) in s.stacks.iter().zip(&frames.stacks) {
+        put_header(&mut buf, 6, stack_len(st, *f));
         put_bytes(&mut buf, 2, &id.0);
-        if !st.locations.is_empty() {
-            put_header(&mut buf, 3, 16 * st.locations.len());
-            for l in &st.locations {
-                buf.extend_from_slice(&l.0);
+        if st.locations.is_empty() {
+            continue;
+        }
+        match *f {
+            Some((start, end, packed)) => {
+                put_header(&mut buf, 4, packed);
+                for &i in &frames.indexes[start..end] {
+                    encode_varint(u64::from(i), &mut buf);
+                }
+            }
+            None => {
+                put_header(&mut buf, 3, 16 * st.locations.len());
+                for l in &st.locations {
+                    buf.extend_from_slice(&l.0);
+                }
             }
         }
     }
@@ -285,6 +352,53 @@ pub(crate) mod tests {
             profiles: vec![profile(0, 5), profile(1, -9), profile(2, i64::MAX)],
             symbols,
         }
+    }
+
+    /// A stack whose location the batch does not hold is written by id
+    /// (format 2's field) and the rest by index; both read back.
+    #[test]
+    fn a_stack_outside_the_batch_keeps_its_ids() {
+        let mut b = batch();
+        let stray = model::Id([9; 16]);
+        let st = b.symbols.add_stack(model::Stack {
+            locations: vec![stray],
+        });
+        let rec = encode_write_request(&b);
+        assert_eq!(rec, WriteRequest::from(&b).encode_to_vec());
+        let w = WriteRequest::decode(&rec[..]).unwrap();
+        let by_id: Vec<_> = w
+            .stacks
+            .iter()
+            .filter(|s| !s.locations.is_empty())
+            .collect();
+        assert_eq!(by_id.len(), 1);
+        assert_eq!(by_id[0].id, st.0.to_vec());
+        assert!(w.stacks.iter().any(|s| !s.location_indexes.is_empty()));
+        // The stray location is not defined, so the record is refused as
+        // any dangling reference is, by both decoders.
+        assert!(crate::decode_write_request(&rec).is_err());
+        assert!(crate::decode_write_request_prost(&rec).is_err());
+    }
+
+    /// Format 3 is smaller than format 2 for the same batch: stacks cost a
+    /// varint per frame instead of 16 bytes.
+    #[test]
+    fn format3_is_smaller_than_format2() {
+        let mut b = batch();
+        let deep: Vec<model::Id> = b
+            .symbols
+            .locations
+            .keys()
+            .copied()
+            .cycle()
+            .take(64)
+            .collect();
+        b.symbols.add_stack(model::Stack { locations: deep });
+        let v3 = encode_write_request(&b);
+        let v2 = crate::write_request_format2(&b).encode_to_vec();
+        assert!(v3.len() + 60 * 15 < v2.len(), "{} / {}", v3.len(), v2.len());
+        assert_eq!(crate::decode_write_request(&v2).unwrap(), b);
+        assert_eq!(crate::decode_write_request(&v3).unwrap(), b);
     }
 
     #[test]

@@ -18,14 +18,16 @@
 //!   [`IngestBatch`](fathom_model::IngestBatch), once per write, and
 //!   [`decode_write_request`] reads them back.
 //!
-//! Record format versions ([`WRITE_FORMAT`]): in format 2 every symbol
-//! carries the content-addressed id the distributor computed (a stack's
-//! location ids are one packed field), and the
-//! receiver takes it as sent (the ingester's write API is only open to
+//! Record format versions ([`WRITE_FORMAT`]): in formats 2 and 3 every
+//! symbol carries the content-addressed id the distributor computed, and
+//! the receiver takes it as sent (the ingester's write API is only open to
 //! holders of the cluster secret, and every process computes ids with the
-//! same code); format 0, the first one, has no ids and the receiver
-//! recomputes them from the content, which is how a WAL written before
-//! format 2 replays. Any other version is refused with
+//! same code). A format-2 stack names its locations by id (16 bytes per
+//! frame, one packed field); a format-3 stack by their index among the
+//! record's locations (a varint per frame), which makes a record about a
+//! third of the size. Format 0, the first one, has no ids and the receiver
+//! recomputes them from the content. A WAL written in format 0 or 2
+//! replays; any other version is refused with
 //! [`ConvertError::FormatVersion`].
 
 #[allow(unreachable_pub, clippy::all)]
@@ -35,8 +37,12 @@ mod record;
 pub use encode::encode_write_request;
 
 /// The format version of the `WriteRequest`s this build writes: symbols
-/// carry their ids (see the crate documentation).
-pub const WRITE_FORMAT: u32 = 2;
+/// carry their ids, stacks index the record's locations (see the crate
+/// documentation).
+pub const WRITE_FORMAT: u32 = 3;
+
+/// Symbols carry their ids, stacks name their locations by id.
+pub const WRITE_FORMAT_V2: u32 = 2;
 
 /// The first format: no symbol ids, recomputed by the receiver.
 pub const WRITE_FORMAT_V0: u32 = 0;
@@ -106,22 +112,39 @@ pub enum ConvertError {
     IdLength { what: &'static str, len: usize },
     #[error("stack {index} refers to location {index_in_stack} that the request does not define")]
     UnknownLocation { index: usize, index_in_stack: usize },
+    #[error("stack {index} names its locations both by id and by index")]
+    TwoLocationLists { index: usize },
     #[error("sample refers to a stack the request does not define")]
     UnknownStack,
     #[error(
-        "write request format version {version} is not known to this build (it reads {WRITE_FORMAT_V0} \
-         and {WRITE_FORMAT}): written by a newer version of fathom?"
+        "write request format version {version} is not known to this build (it reads {WRITE_FORMAT_V0}, \
+         {WRITE_FORMAT_V2} and {WRITE_FORMAT}): written by a newer version of fathom?"
     )]
     FormatVersion { version: u32 },
     #[error("write request is not a valid protobuf message")]
     Decode(#[from] prost::DecodeError),
 }
 
+/// `b` as a `WriteRequest` of format 2 (stacks name their locations by
+/// id), as WALs written before format 3 hold it; for tests and benchmarks
+/// of their replay.
+pub fn write_request_format2(b: &model::IngestBatch) -> ingester::WriteRequest {
+    let mut r = ingester::WriteRequest::from(b);
+    r.format_version = WRITE_FORMAT_V2;
+    for s in &mut r.stacks {
+        s.locations = std::mem::take(&mut s.location_indexes)
+            .into_iter()
+            .flat_map(|i| r.locations[i as usize].id.clone())
+            .collect();
+    }
+    r
+}
+
 /// `b` as a `WriteRequest` of the first format (format 0: no symbol ids,
 /// one element per location id in stacks), as WALs written before format 2
 /// hold it; for tests and benchmarks of their replay.
 pub fn write_request_format0(b: &model::IngestBatch) -> ingester::WriteRequest {
-    let mut r = ingester::WriteRequest::from(b);
+    let mut r = write_request_format2(b);
     r.format_version = WRITE_FORMAT_V0;
     r.functions.iter_mut().for_each(|f| f.id.clear());
     r.mappings.iter_mut().for_each(|m| m.id.clear());
@@ -139,7 +162,7 @@ pub fn write_request_format0(b: &model::IngestBatch) -> ingester::WriteRequest {
 /// Decodes the bytes of a `WriteRequest` (a WAL record, a replicated write)
 /// into a batch; see [`WRITE_FORMAT`] for which ids are taken as sent.
 ///
-/// A well-formed format-2 record is read straight from its bytes (no
+/// A well-formed format-2 or format-3 record is read straight from its bytes (no
 /// intermediate prost message, about 2x faster: docs/benchmarks.md);
 /// anything else (format 0, damaged or refused records) goes through
 /// prost and [`TryFrom`], which decides and words the error. Both give the
@@ -152,7 +175,7 @@ pub fn decode_write_request(record: &[u8]) -> Result<model::IngestBatch, Convert
 }
 
 /// [`decode_write_request`] through the prost message only: the reference
-/// the direct format-2 decoder is tested and benchmarked against.
+/// the direct decoder is tested and benchmarked against.
 pub fn decode_write_request_prost(record: &[u8]) -> Result<model::IngestBatch, ConvertError> {
     let req = <ingester::WriteRequest as prost::Message>::decode(record)?;
     model::IngestBatch::try_from(req)
@@ -168,8 +191,26 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
             functions,
             mappings,
             locations,
-            stacks,
+            mut stacks,
         } = (&b.symbols).into();
+        // Format 3: a stack names its locations by index, unless one of
+        // them is missing from the request (then by id, as in format 2).
+        let index: model::IdMap<u32> = locations
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| Some((Id::from_slice(&l.id)?, u32::try_from(i).ok()?)))
+            .collect();
+        for st in &mut stacks {
+            let ix: Option<Vec<u32>> = st
+                .locations
+                .chunks_exact(16)
+                .map(|c| Id::from_slice(c).and_then(|l| index.get(&l).copied()))
+                .collect();
+            if let Some(ix) = ix {
+                st.location_indexes = ix;
+                st.locations.clear();
+            }
+        }
         ingester::WriteRequest {
             tenant: b.tenant.to_string(),
             profiles: b
@@ -213,10 +254,14 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
 
     fn try_from(r: ingester::WriteRequest) -> Result<Self, ConvertError> {
         let trusted = match r.format_version {
-            WRITE_FORMAT => true,
+            WRITE_FORMAT | WRITE_FORMAT_V2 => true,
             WRITE_FORMAT_V0 => false,
             version => return Err(ConvertError::FormatVersion { version }),
         };
+        let mut r = r;
+        if r.format_version == WRITE_FORMAT {
+            located_by_id(&r.locations, &mut r.stacks)?;
+        }
         let tenant = model::TenantId::new(&r.tenant)?;
         let symbols = if trusted {
             model::Symbols::try_from(ingester::HeadSymbols {
@@ -317,6 +362,7 @@ impl From<&model::Symbols> for ingester::HeadSymbols {
                 .iter()
                 .map(|(id, st)| ingester::Stack {
                     location_ids: Vec::new(),
+                    location_indexes: Vec::new(),
                     id: id.0.to_vec(),
                     locations: st.locations.iter().flat_map(|l| l.0).collect(),
                 })
@@ -369,6 +415,35 @@ impl TryFrom<ingester::HeadSymbols> for model::Symbols {
         }
         Ok(symbols)
     }
+}
+
+/// Format 3: each stack's `location_indexes` turned into the location ids
+/// of format 2 (`locations`), which the rest of the conversion reads.
+fn located_by_id(
+    locations: &[ingester::Location],
+    stacks: &mut [ingester::Stack],
+) -> Result<(), ConvertError> {
+    for (index, st) in stacks.iter_mut().enumerate() {
+        if st.location_indexes.is_empty() {
+            continue;
+        }
+        if !st.locations.is_empty() {
+            return Err(ConvertError::TwoLocationLists { index });
+        }
+        let mut ids = Vec::with_capacity(16 * st.location_indexes.len());
+        for (i, &l) in st.location_indexes.iter().enumerate() {
+            let loc = locations
+                .get(l as usize)
+                .ok_or(ConvertError::UnknownLocation {
+                    index,
+                    index_in_stack: i,
+                })?;
+            ids.extend_from_slice(&id("location", &loc.id)?.0);
+        }
+        st.locations = ids;
+        st.location_indexes.clear();
+    }
+    Ok(())
 }
 
 /// Format 0: symbols without ids; the ids are computed from the content.
@@ -496,8 +571,43 @@ mod tests {
         };
         let wire = ingester::WriteRequest::from(&batch);
         assert_eq!(wire.format_version, WRITE_FORMAT);
+        // Format 3: the stack names its location by index, not by id.
+        assert_eq!(wire.stacks[0].location_indexes, vec![0]);
+        assert!(wire.stacks[0].locations.is_empty());
         let back = model::IngestBatch::try_from(wire.clone()).unwrap();
         assert_eq!(back, batch);
+
+        // Format 2 (a WAL written before format 3): ids in stacks, both
+        // decoders, the same batch.
+        let v2 = write_request_format2(&batch);
+        assert_eq!(v2.stacks[0].locations, l.0.to_vec());
+        assert!(v2.stacks[0].location_indexes.is_empty());
+        let v2_bytes = prost::Message::encode_to_vec(&v2);
+        assert_eq!(decode_write_request(&v2_bytes).unwrap(), batch);
+        assert_eq!(decode_write_request_prost(&v2_bytes).unwrap(), batch);
+
+        // A stack with an index past the record's locations, or with both
+        // lists, is refused, naming the stack.
+        let mut bad = wire.clone();
+        bad.stacks[0].location_indexes = vec![1];
+        let err = decode_write_request(&prost::Message::encode_to_vec(&bad)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConvertError::UnknownLocation {
+                    index: 0,
+                    index_in_stack: 0
+                }
+            ),
+            "{err}"
+        );
+        let mut both = wire.clone();
+        both.stacks[0].locations = l.0.to_vec();
+        let err = decode_write_request(&prost::Message::encode_to_vec(&both)).unwrap_err();
+        assert!(
+            matches!(err, ConvertError::TwoLocationLists { index: 0 }),
+            "{err}"
+        );
 
         // Format 0, the first one (a WAL written before format 2): no ids,
         // recomputed from the content, to the same batch.
@@ -506,7 +616,7 @@ mod tests {
         let v0_bytes = prost::Message::encode_to_vec(&v0);
         assert_eq!(decode_write_request(&v0_bytes).unwrap(), batch);
 
-        // Format 2 takes the ids as sent: no re-hashing.
+        // Format 3 takes the ids as sent: no re-hashing.
         let mut forged = wire.clone();
         forged.functions[0].id = vec![7; 16];
         forged.locations[0].lines[0].function_id = vec![7; 16];
@@ -515,11 +625,11 @@ mod tests {
 
         // A version this build does not know is refused, and says so.
         let mut future = wire;
-        future.format_version = 3;
+        future.format_version = 4;
         let err = decode_write_request(&prost::Message::encode_to_vec(&future)).unwrap_err();
-        assert!(matches!(err, ConvertError::FormatVersion { version: 3 }));
+        assert!(matches!(err, ConvertError::FormatVersion { version: 4 }));
         assert!(
-            err.to_string().contains("format version 3") && err.to_string().contains("newer"),
+            err.to_string().contains("format version 4") && err.to_string().contains("newer"),
             "{err}"
         );
     }

@@ -1,5 +1,5 @@
-//! A direct decoder of format-2 `WriteRequest` records into an
-//! [`IngestBatch`](model::IngestBatch).
+//! A direct decoder of format-2 and format-3 `WriteRequest` records into
+//! an [`IngestBatch`](model::IngestBatch).
 //!
 //! Every replica of a write and every WAL replay decodes the record. prost
 //! first builds the message (a `Vec<u8>` for every id: one per sample, per
@@ -9,7 +9,7 @@
 //! samples into their final vectors.
 //!
 //! It is an accelerator, not a second definition of the format: it
-//! accepts only what it is sure of (format 2, well-formed framing, every
+//! accepts only what it is sure of (format 2 or 3, well-formed framing, every
 //! id 16 bytes, every reference defined) and returns `None` for anything
 //! else, and [`crate::decode_write_request`] then takes the prost path,
 //! which decides (and words the error). Fields follow prost's rules:
@@ -155,7 +155,7 @@ struct Top<'a> {
     stacks: Vec<&'a [u8]>,
 }
 
-/// Decodes a format-2 record, or `None` (see the module docs).
+/// Decodes a format-2 or format-3 record, or `None` (see the module docs).
 pub(crate) fn decode_format2(record: &[u8]) -> Option<model::IngestBatch> {
     let mut top = Top::default();
     each(record, |f| {
@@ -172,15 +172,19 @@ pub(crate) fn decode_format2(record: &[u8]) -> Option<model::IngestBatch> {
         }
         Some(())
     })?;
-    if top.format != crate::WRITE_FORMAT {
-        return None;
-    }
+    let indexed = match top.format {
+        crate::WRITE_FORMAT => true,
+        crate::WRITE_FORMAT_V2 => false,
+        _ => return None,
+    };
     let tenant = model::TenantId::new(top.tenant).ok()?;
     let mut symbols = model::Symbols::default();
     symbols.functions.reserve(top.functions.len());
     symbols.mappings.reserve(top.mappings.len());
     symbols.locations.reserve(top.locations.len());
     symbols.stacks.reserve(top.stacks.len());
+    // Location ids in wire order: what format 3's stacks index.
+    let mut location_ids = Vec::with_capacity(if indexed { top.locations.len() } else { 0 });
     for b in top.functions {
         let (mut name, mut system_name, mut filename, mut start_line, mut fid) =
             ("", "", "", 0i64, &[][..]);
@@ -252,10 +256,15 @@ pub(crate) fn decode_format2(record: &[u8]) -> Option<model::IngestBatch> {
             Some(())
         })?;
         loc.mapping = id(mapping)?;
-        symbols.locations.insert(id(lid)?, loc);
+        let lid = id(lid)?;
+        if indexed {
+            location_ids.push(lid);
+        }
+        symbols.locations.insert(lid, loc);
     }
     for b in top.stacks {
         let (mut sid, mut packed, mut per_frame) = (&[][..], &[][..], false);
+        let mut indexes: Vec<u32> = Vec::new();
         each(b, |f| {
             match f.number {
                 // Format 0's one-element-per-frame field: left to prost.
@@ -265,14 +274,33 @@ pub(crate) fn decode_format2(record: &[u8]) -> Option<model::IngestBatch> {
                 }
                 2 => sid = f.value.bytes()?,
                 3 => packed = f.value.bytes()?,
+                // Format 3's indexes, packed or (as prost also accepts)
+                // one varint per element; uint32 keeps the low 32 bits.
+                // prost reads the field in every format.
+                4 => match f.value {
+                    Value::Varint(v) => indexes.push(v as u32),
+                    Value::Bytes(p) => {
+                        let mut pos = 0;
+                        while pos < p.len() {
+                            indexes.push(varint(p, &mut pos)? as u32);
+                        }
+                    }
+                    Value::Fixed => return None,
+                },
                 _ => {}
             }
             Some(())
         })?;
-        if per_frame || packed.len() % 16 != 0 {
+        if !indexed {
+            indexes.clear();
+        }
+        if per_frame || packed.len() % 16 != 0 || (!packed.is_empty() && !indexes.is_empty()) {
             return None;
         }
-        let mut locations = Vec::with_capacity(packed.len() / 16);
+        let mut locations = Vec::with_capacity(indexes.len() + packed.len() / 16);
+        for i in indexes {
+            locations.push(*location_ids.get(i as usize)?);
+        }
         for c in packed.chunks_exact(16) {
             let l = id(c)?;
             if !symbols.locations.contains_key(&l) {
@@ -396,13 +424,13 @@ mod tests {
         let v0 = crate::write_request_format0(&b).encode_to_vec();
         assert_eq!(decode_format2(&v0), None);
         assert_eq!(decode_write_request(&v0).unwrap(), b);
-        let mut v3 = crate::ingester::WriteRequest::from(&b);
-        v3.format_version = 3;
-        let v3 = v3.encode_to_vec();
-        assert_eq!(decode_format2(&v3), None);
+        let mut v4 = crate::ingester::WriteRequest::from(&b);
+        v4.format_version = crate::WRITE_FORMAT + 1;
+        let v4 = v4.encode_to_vec();
+        assert_eq!(decode_format2(&v4), None);
         assert!(matches!(
-            decode_write_request(&v3),
-            Err(crate::ConvertError::FormatVersion { version: 3 })
+            decode_write_request(&v4),
+            Err(crate::ConvertError::FormatVersion { version: 4 })
         ));
     }
 
@@ -411,7 +439,13 @@ mod tests {
     /// accepts equals prost's batch.
     #[test]
     fn agrees_with_prost_on_damaged_records() {
-        let rec = encode_write_request(&crate::encode::tests::batch());
+        let b = crate::encode::tests::batch();
+        damage_agrees(&encode_write_request(&b));
+        damage_agrees(&crate::write_request_format2(&b).encode_to_vec());
+    }
+
+    fn damage_agrees(rec: &[u8]) {
+        let rec = rec.to_vec();
         let mut direct = 0;
         let mut tried = 0;
         for i in 0..rec.len() {
