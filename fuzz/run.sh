@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs=${FUZZ_SECONDS:-15}
 testdata=$(cd "${FATHOM_TESTDATA:-../../shared/testdata}" && pwd)
-all=(pprof pprof_legacy folded speedscope jfr otlp_proto otlp_json push_v1 selector flight_ticket)
+all=(pprof pprof_legacy folded speedscope jfr otlp_proto otlp_json push_v1 selector flight_ticket write_record)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
@@ -70,6 +70,10 @@ make_seeds() {
     push_v1)
       # Mode 2: a pprof wrapped into a one-series PushRequest.
       pick pprof -size -64k | while read -r f; do { printf '\002'; cat "$f"; } >"$d/$((i++))"; done ;;
+    write_record)
+      # Mode 1: a pprof, normalized and written as records of formats 3
+      # and 2.
+      pick pprof -size -64k | while read -r f; do { printf '\001'; cat "$f"; } >"$d/$((i++))"; done ;;
     selector)
       for s in '{}' 'process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="app"}' \
         '{service_name=~"a.*|b", env!="prod", region!~"eu-.+"}' 'memory:alloc_space:bytes:space:bytes{a="\"q\\"}' \
