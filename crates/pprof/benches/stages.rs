@@ -103,11 +103,11 @@ fn main() {
             }
         })
         .collect();
-    let v2: Vec<Vec<u8>> = batches
+    let records: Vec<Vec<u8>> = batches
         .iter()
         .map(fathom_proto::encode_write_request)
         .collect();
-    let v3_total: usize = v2.iter().map(Vec::len).sum();
+    let v3_total: usize = records.iter().map(Vec::len).sum();
     let v2_total: usize = batches
         .iter()
         .map(|b| fathom_proto::write_request_format2(b).encoded_len())
@@ -182,8 +182,9 @@ fn main() {
                 })
                 .sum()
         });
-        let ingester_v2 = rate(total, secs, || {
-            v2.iter()
+        let ingester_current = rate(total, secs, || {
+            records
+                .iter()
                 .map(|r| {
                     fathom_proto::decode_write_request(r)
                         .unwrap()
@@ -192,8 +193,9 @@ fn main() {
                 })
                 .sum()
         });
-        let ingester_v2_prost = rate(total, secs, || {
-            v2.iter()
+        let ingester_via_prost = rate(total, secs, || {
+            records
+                .iter()
                 .map(|r| {
                     fathom_proto::decode_write_request_prost(r)
                         .unwrap()
@@ -209,8 +211,8 @@ fn main() {
             enc,
             distributor,
             ingester_v0,
-            ingester_v2,
-            ingester_v2_prost,
+            ingester_current,
+            ingester_via_prost,
         ]);
     }
     let median = |i: usize| {
@@ -229,8 +231,8 @@ fn main() {
         enc,
         distributor,
         ingester_v0,
-        ingester_v2,
-        ingester_v2_prost,
+        ingester_current,
+        ingester_via_prost,
     ] = std::array::from_fn(median);
     // The ratio of each round's figure to the same round's prost decode.
     let ratio = |i: usize| {
@@ -252,14 +254,14 @@ fn main() {
     figure("encode_record", 3, enc);
     figure("distributor_decode_normalize_encode", 4, distributor);
     figure("ingester_record_format0_rehash_reencode", 5, ingester_v0);
-    figure("ingester_record_as_received", 6, ingester_v2);
-    figure("ingester_record_via_prost_message", 7, ingester_v2_prost);
+    figure("ingester_record_as_received", 6, ingester_current);
+    figure("ingester_record_via_prost_message", 7, ingester_via_prost);
     // The time per byte of the stages add up: a cluster write costs the
     // distributor's pass plus one ingester pass per replica.
     let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);
     println!(
         "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 3 (distributor + 3 ingester decodes; WAL, head and network not included)",
         per_write(ingester_v0),
-        per_write(ingester_v2),
+        per_write(ingester_current),
     );
 }

@@ -112,9 +112,10 @@ fn location_len(l: &model::Location) -> usize {
 }
 
 /// A stack's locations as format 3 writes them: indexes into the
-/// record's locations, or `None` (by id, as format 2) when one of them is
-/// not in the record.
-struct StackFrames {
+/// record's locations (the symbol map's order), or `None` (by id, as
+/// format 2) when one of them is not in the record. Shared by the encoder
+/// and the prost message ([`crate::ingester::WriteRequest`]'s `From`).
+pub(crate) struct StackFrames {
     /// Every stack's indexes, one after the other.
     indexes: Vec<u32>,
     /// Per stack (in the symbol map's order): its range in `indexes` and
@@ -123,7 +124,7 @@ struct StackFrames {
 }
 
 impl StackFrames {
-    fn new(s: &model::Symbols) -> Self {
+    pub(crate) fn new(s: &model::Symbols) -> Self {
         let index: Option<model::IdMap<u32>> = u32::try_from(s.locations.len()).ok().map(|_| {
             s.locations
                 .keys()
@@ -158,6 +159,13 @@ impl StackFrames {
             }
         }
         StackFrames { indexes, stacks }
+    }
+
+    /// The indexes of the `k`th stack (in the symbol map's order), if it
+    /// is written by index.
+    pub(crate) fn indexes(&self, k: usize) -> Option<&[u32]> {
+        let (start, end, _) = (*self.stacks.get(k)?)?;
+        Some(&self.indexes[start..end])
     }
 }
 

@@ -168,7 +168,7 @@ pub fn write_request_format0(b: &model::IngestBatch) -> ingester::WriteRequest {
 /// prost and [`TryFrom`], which decides and words the error. Both give the
 /// same result for every input (tested on damaged records too).
 pub fn decode_write_request(record: &[u8]) -> Result<model::IngestBatch, ConvertError> {
-    if let Some(batch) = record::decode_format2(record) {
+    if let Some(batch) = record::decode_direct(record) {
         return Ok(batch);
     }
     decode_write_request_prost(record)
@@ -194,20 +194,12 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
             mut stacks,
         } = (&b.symbols).into();
         // Format 3: a stack names its locations by index, unless one of
-        // them is missing from the request (then by id, as in format 2).
-        let index: model::IdMap<u32> = locations
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| Some((Id::from_slice(&l.id)?, u32::try_from(i).ok()?)))
-            .collect();
-        for st in &mut stacks {
-            let ix: Option<Vec<u32>> = st
-                .locations
-                .chunks_exact(16)
-                .map(|c| Id::from_slice(c).and_then(|l| index.get(&l).copied()))
-                .collect();
-            if let Some(ix) = ix {
-                st.location_indexes = ix;
+        // them is missing from the request (then by id, as in format 2);
+        // the same choice as `encode_write_request`'s.
+        let frames = encode::StackFrames::new(&b.symbols);
+        for (k, st) in stacks.iter_mut().enumerate() {
+            if let Some(ix) = frames.indexes(k) {
+                st.location_indexes = ix.to_vec();
                 st.locations.clear();
             }
         }

@@ -156,7 +156,7 @@ struct Top<'a> {
 }
 
 /// Decodes a format-2 or format-3 record, or `None` (see the module docs).
-pub(crate) fn decode_format2(record: &[u8]) -> Option<model::IngestBatch> {
+pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
     let mut top = Top::default();
     each(record, |f| {
         match f.number {
@@ -384,14 +384,14 @@ mod tests {
         let prost = decode_write_request_prost(b);
         assert_eq!(fast.is_ok(), prost.is_ok(), "{fast:?} / {prost:?}");
         assert_eq!(fast.ok(), prost.ok());
-        decode_format2(b).is_some()
+        decode_direct(b).is_some()
     }
 
     #[test]
-    fn reads_format2_records_directly() {
+    fn reads_records_directly() {
         let b = crate::encode::tests::batch();
         let rec = encode_write_request(&b);
-        assert_eq!(decode_format2(&rec), Some(b.clone()));
+        assert_eq!(decode_direct(&rec), Some(b.clone()));
         assert!(agree(&rec));
         let empty = model::IngestBatch {
             tenant: model::TenantId::new("t").unwrap(),
@@ -399,7 +399,7 @@ mod tests {
             symbols: model::Symbols::default(),
         };
         assert_eq!(
-            decode_format2(&encode_write_request(&empty)),
+            decode_direct(&encode_write_request(&empty)),
             Some(empty.clone())
         );
         // prost's rules: unknown fields skipped (every wire type but
@@ -409,11 +409,11 @@ mod tests {
         more.extend_from_slice(b"\xd1\x06\x01\x02\x03\x04\x05\x06\x07\x08"); // field 90, fixed64
         more.extend_from_slice(b"\xdd\x06\x01\x02\x03\x04"); // field 91, fixed32
         more.extend_from_slice(b"\x0a\x06team-b"); // tenant again
-        let got = decode_format2(&more).expect("read directly");
+        let got = decode_direct(&more).expect("read directly");
         assert_eq!(got.tenant.as_str(), "team-b");
         assert!(agree(&more));
         let twice = [rec.clone(), rec.clone()].concat();
-        let got = decode_format2(&twice).expect("read directly");
+        let got = decode_direct(&twice).expect("read directly");
         assert_eq!(got.profiles.len(), 2 * b.profiles.len());
         assert!(agree(&twice));
     }
@@ -422,12 +422,12 @@ mod tests {
     fn leaves_format0_and_unknown_versions_to_prost() {
         let b = crate::encode::tests::batch();
         let v0 = crate::write_request_format0(&b).encode_to_vec();
-        assert_eq!(decode_format2(&v0), None);
+        assert_eq!(decode_direct(&v0), None);
         assert_eq!(decode_write_request(&v0).unwrap(), b);
         let mut v4 = crate::ingester::WriteRequest::from(&b);
         v4.format_version = crate::WRITE_FORMAT + 1;
         let v4 = v4.encode_to_vec();
-        assert_eq!(decode_format2(&v4), None);
+        assert_eq!(decode_direct(&v4), None);
         assert!(matches!(
             decode_write_request(&v4),
             Err(crate::ConvertError::FormatVersion { version: 4 })
