@@ -118,12 +118,85 @@ impl StackHasher {
 
 /// A symbol table: everything a set of samples refers to, keyed by
 /// content-addressed ids. Merging two tables is a union by id.
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// Equality compares the four tables only (not [`Symbols::frame_index`]).
+#[derive(Clone, Debug, Default)]
 pub struct Symbols {
     pub stacks: IdMap<Stack>,
     pub locations: IdMap<Location>,
     pub functions: IdMap<Function>,
     pub mappings: IdMap<Mapping>,
+    /// Each stack's frames as indexes among the table's locations, when
+    /// whoever built the table knew them (see [`FrameIndex`]).
+    pub frame_index: Option<std::sync::Arc<FrameIndex>>,
+}
+
+impl PartialEq for Symbols {
+    fn eq(&self, other: &Self) -> bool {
+        self.stacks == other.stacks
+            && self.locations == other.locations
+            && self.functions == other.functions
+            && self.mappings == other.mappings
+    }
+}
+
+/// A table's locations in one order and every stack's frames as indexes
+/// in that order: what a write record stores (a varint per frame). The
+/// pprof normalizer knows each frame's index as it builds a stack, so a
+/// record can be written without looking every frame's location id up
+/// again, which misses the cache once per stack (docs/benchmarks.md).
+///
+/// It describes the table it was built with: [`FrameIndex::matches`]
+/// tells whether it still describes a table (the same location and stack
+/// ids; content-addressed stacks then have the same frames), and the
+/// table's own mutators drop it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FrameIndex {
+    /// Every location id of the table, once each, in record order.
+    pub locations: Vec<Id>,
+    /// Every stack id of the table, once each, with the end of its
+    /// frames in `indexes` (each starts where the previous one ends).
+    pub stacks: Vec<(Id, u32)>,
+    /// Every stack's frames, leaf first, as indexes into `locations`.
+    pub indexes: Vec<u32>,
+}
+
+impl FrameIndex {
+    /// Whether this describes `s`: as many locations and stacks, each of
+    /// them in `s`, with as many frames as `s` gives it, and every index
+    /// in range. Costs a lookup per location and per stack, none per
+    /// frame.
+    pub fn matches(&self, s: &Symbols) -> bool {
+        if self.locations.len() != s.locations.len()
+            || self.stacks.len() != s.stacks.len()
+            || self.stacks.last().map_or(0, |&(_, end)| end as usize) != self.indexes.len()
+            || self
+                .indexes
+                .iter()
+                .any(|&i| i as usize >= self.locations.len())
+            || !self.locations.iter().all(|l| s.locations.contains_key(l))
+        {
+            return false;
+        }
+        let mut start = 0u32;
+        self.stacks.iter().all(|(id, end)| {
+            let frames = end.checked_sub(start);
+            start = *end;
+            s.stacks
+                .get(id)
+                .is_some_and(|st| frames == Some(st.locations.len() as u32))
+        })
+    }
+
+    /// The frames of the `k`th stack (`None` past the last, or when the
+    /// ends are out of order).
+    pub fn frames(&self, k: usize) -> Option<&[u32]> {
+        let start = match k.checked_sub(1) {
+            None => 0,
+            Some(p) => self.stacks.get(p)?.1 as usize,
+        };
+        self.indexes.get(start..self.stacks.get(k)?.1 as usize)
+    }
 }
 
 impl Symbols {
@@ -153,6 +226,7 @@ impl Symbols {
 
     /// Adds every entry of `other` (a union by id).
     pub fn merge(&mut self, other: &Symbols) {
+        self.frame_index = None;
         for (k, v) in &other.stacks {
             self.stacks.entry(*k).or_insert_with(|| v.clone());
         }
@@ -239,6 +313,7 @@ impl Symbols {
     /// [`Symbols::merge`] that moves `other`'s entries in instead of
     /// cloning them: what a head does with each write's table.
     pub fn merge_owned(&mut self, other: Symbols) {
+        self.frame_index = None;
         for (k, v) in other.stacks {
             self.stacks.entry(k).or_insert(v);
         }

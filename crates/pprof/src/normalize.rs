@@ -353,13 +353,21 @@ pub fn normalize(
 struct Normalizer<'a> {
     p: &'a pprof::Profile,
     opts: &'a NormalizeOptions,
-    /// pprof location id → (position, model id once computed).
-    locations: IdTable<Option<Id>>,
+    /// pprof location id → (position, model id and index among
+    /// `frame_index.locations` once computed).
+    locations: IdTable<Option<(Id, u32)>>,
     fn_index: IdIndex,
     map_index: IdIndex,
     fn_ids: Vec<Option<Id>>,
     map_ids: Vec<Option<Id>>,
     symbols: Symbols,
+    /// The output's locations and stacks in insertion order, each stack's
+    /// frames as indexes: written into `symbols` at the end.
+    frame_index: fathom_model::FrameIndex,
+    /// Where a location id already in `frame_index.locations` is, for the
+    /// rare pprof that lists the same location twice under two ids
+    /// (built on the first such repeat).
+    location_index: Option<fathom_model::IdMap<u32>>,
 }
 
 impl<'a> Normalizer<'a> {
@@ -385,6 +393,12 @@ impl<'a> Normalizer<'a> {
                 s.mappings.reserve(p.mapping.len());
                 s
             },
+            frame_index: fathom_model::FrameIndex {
+                locations: Vec::with_capacity(p.location.len()),
+                stacks: Vec::with_capacity(p.sample.len()),
+                indexes: Vec::new(),
+            },
+            location_index: None,
         })
     }
 
@@ -454,8 +468,10 @@ impl<'a> Normalizer<'a> {
         Ok(fid)
     }
 
+    /// The model id of pprof location `id` and its index among the
+    /// output's locations.
     #[inline]
-    fn location_id(&mut self, sample: usize, id: u64) -> Result<Id, NormalizeError> {
+    fn location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
         let (pos, memo) = *self
             .locations
             .get_mut(id)
@@ -463,8 +479,8 @@ impl<'a> Normalizer<'a> {
                 sample,
                 location: id,
             })?;
-        if let Some(id) = memo {
-            return Ok(id);
+        if let Some(memo) = memo {
+            return Ok(memo);
         }
         let i = pos as usize;
         let l = &self.p.location[i];
@@ -477,15 +493,36 @@ impl<'a> Normalizer<'a> {
                 line: ln.line,
             });
         }
+        let before = self.symbols.locations.len();
         let lid = self.symbols.add_location(Location {
             mapping,
             address: l.address,
             lines,
         });
+        let order = &mut self.frame_index.locations;
+        let index = if self.symbols.locations.len() > before {
+            order.push(lid);
+            if let Some(m) = &mut self.location_index {
+                m.insert(lid, (order.len() - 1) as u32);
+            }
+            order.len() - 1
+        } else {
+            // The same location under a second pprof id.
+            let m = self.location_index.get_or_insert_with(|| {
+                order
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| (*l, i as u32))
+                    .collect()
+            });
+            m.get(&lid).map_or(0, |&i| i as usize)
+        };
+        // Fewer than u32::MAX: the decoder's limits bound the locations.
+        let memo = (lid, index as u32);
         if let Some(e) = self.locations.get_mut(id) {
-            e.1 = Some(lid);
+            e.1 = Some(memo);
         }
-        Ok(lid)
+        Ok(memo)
     }
 
     /// The series labels for a sample's string labels.
@@ -547,6 +584,7 @@ impl<'a> Normalizer<'a> {
         let mut series_by_labels: HashMap<Labels, usize> = HashMap::new();
         let mut raw_labels: Vec<(i64, i64)> = Vec::new();
         let mut stack = Stack::default();
+        let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
 
         for (si, s) in p.sample.iter().enumerate() {
@@ -614,9 +652,11 @@ impl<'a> Normalizer<'a> {
             };
 
             stack.locations.clear();
+            frames.clear();
             for &lid in &s.location_id {
-                let id = self.location_id(si, lid)?;
+                let (id, index) = self.location_id(si, lid)?;
                 stack.locations.push(id);
+                frames.push(index);
             }
             let stack_id = stack_hasher.id(&stack.locations);
 
@@ -625,10 +665,14 @@ impl<'a> Normalizer<'a> {
                 std::collections::hash_map::Entry::Occupied(e) => *e.get() as usize,
                 std::collections::hash_map::Entry::Vacant(e) => {
                     // New to this series, so maybe new to the profile.
-                    self.symbols
-                        .stacks
-                        .entry(stack_id)
-                        .or_insert_with(|| stack.clone());
+                    if let std::collections::hash_map::Entry::Vacant(v) =
+                        self.symbols.stacks.entry(stack_id)
+                    {
+                        v.insert(stack.clone());
+                        let fi = &mut self.frame_index;
+                        fi.indexes.extend_from_slice(&frames);
+                        fi.stacks.push((stack_id, fi.indexes.len() as u32));
+                    }
                     let slot = ser.stacks.len();
                     ser.stacks.push(stack_id);
                     ser.values.resize(ser.values.len() + ntypes, 0);
@@ -676,10 +720,14 @@ impl<'a> Normalizer<'a> {
                 });
             }
         }
-        Ok(Normalized {
-            profiles,
-            symbols: self.symbols,
-        })
+        let mut symbols = self.symbols;
+        // The frames of every stack of a pprof within the decoder's limits
+        // number fewer than u32::MAX; otherwise no index.
+        if u32::try_from(self.frame_index.indexes.len()).is_ok() {
+            debug_assert!(self.frame_index.matches(&symbols));
+            symbols.frame_index = Some(std::sync::Arc::new(self.frame_index));
+        }
+        Ok(Normalized { profiles, symbols })
     }
 }
 
@@ -1012,6 +1060,49 @@ mod tests {
                 .iter()
                 .all(|x| x.time_nanos == 5 && x.duration_nanos == 6)
         );
+    }
+
+    /// Every stack's frames by index name its locations, in order; a
+    /// location the pprof lists twice (two ids, same content) is one
+    /// location with one index.
+    #[test]
+    fn frame_index_names_every_frame() {
+        let mut p = labelled();
+        let mut twin = p.location[0].clone();
+        twin.id = 3;
+        p.location.push(twin);
+        p.sample.push(pprof::Sample {
+            location_id: vec![3, 2, 1, 3],
+            value: vec![1, 1],
+            label: vec![],
+        });
+        let n = normalize(&p, &NormalizeOptions::default()).expect("normalizes");
+        let s = &n.symbols;
+        let fi = s.frame_index.as_deref().expect("normalize indexes frames");
+        assert!(fi.matches(s));
+        assert_eq!(fi.locations.len(), 2, "location 3 is location 1");
+        assert_eq!(fi.stacks.len(), s.stacks.len());
+        for (k, (id, _)) in fi.stacks.iter().enumerate() {
+            let named: Vec<Id> = fi
+                .frames(k)
+                .expect("every stack has frames")
+                .iter()
+                .map(|&i| fi.locations[i as usize])
+                .collect();
+            assert_eq!(named, s.stacks[id].locations);
+        }
+        let deep = fi.frames(fi.stacks.len() - 1).expect("the last stack");
+        assert_eq!(deep.len(), 4);
+        assert_eq!(deep[0], deep[3]);
+        assert_eq!(fi.frames(fi.stacks.len()), None);
+        // Merging tables drops the index, which no longer describes them.
+        let mut merged = s.clone();
+        merged.merge(
+            &normalize(&labelled(), &NormalizeOptions::default())
+                .unwrap()
+                .symbols,
+        );
+        assert_eq!(merged.frame_index, None);
     }
 
     #[test]

@@ -111,20 +111,32 @@ fn location_len(l: &model::Location) -> usize {
         + delimited_len(4, 16)
 }
 
-/// A stack's locations as format 3 writes them: indexes into the
-/// record's locations (the symbol map's order), or `None` (by id, as
-/// format 2) when one of them is not in the record. Shared by the encoder
-/// and the prost message ([`crate::ingester::WriteRequest`]'s `From`).
-pub(crate) struct StackFrames {
+/// The order in which a format-3 record writes a table's locations and
+/// stacks, and each stack's locations as that format writes them: indexes
+/// into the record's locations, or `None` (by id, as format 2) when one of
+/// them is not in the record. Shared by the encoder and the prost message
+/// ([`crate::ingester::WriteRequest`]'s `From`).
+///
+/// When the table carries a [`model::FrameIndex`] that still describes it
+/// (the pprof normalizer's), its order and indexes are taken as they are;
+/// otherwise the maps' order, with each frame's location looked up.
+pub(crate) struct StackFrames<'a> {
+    pub(crate) locations: Vec<(&'a model::Id, &'a model::Location)>,
+    pub(crate) stacks: Vec<(&'a model::Id, &'a model::Stack)>,
     /// Every stack's indexes, one after the other.
-    indexes: Vec<u32>,
-    /// Per stack (in the symbol map's order): its range in `indexes` and
-    /// the packed field's payload length, or `None`.
-    stacks: Vec<Option<(usize, usize, usize)>>,
+    indexes: std::borrow::Cow<'a, [u32]>,
+    /// Per stack (in `stacks`' order): its range in `indexes` and the
+    /// packed field's payload length, or `None`.
+    frames: Vec<Option<(usize, usize, usize)>>,
 }
 
-impl StackFrames {
-    pub(crate) fn new(s: &model::Symbols) -> Self {
+impl<'a> StackFrames<'a> {
+    pub(crate) fn new(s: &'a model::Symbols) -> Self {
+        if let Some(fi) = s.frame_index.as_deref().filter(|fi| fi.matches(s))
+            && let Some(f) = Self::indexed(s, fi)
+        {
+            return f;
+        }
         let index: Option<model::IdMap<u32>> = u32::try_from(s.locations.len()).ok().map(|_| {
             s.locations
                 .keys()
@@ -132,9 +144,9 @@ impl StackFrames {
                 .map(|(i, id)| (*id, i as u32))
                 .collect()
         });
-        let frames: usize = s.stacks.values().map(|st| st.locations.len()).sum();
-        let mut indexes = Vec::with_capacity(frames);
-        let mut stacks = Vec::with_capacity(s.stacks.len());
+        let n: usize = s.stacks.values().map(|st| st.locations.len()).sum();
+        let mut indexes = Vec::with_capacity(n);
+        let mut frames = Vec::with_capacity(s.stacks.len());
         for st in s.stacks.values() {
             let start = indexes.len();
             let mut packed = 0;
@@ -152,20 +164,57 @@ impl StackFrames {
                 }
             }
             if all {
-                stacks.push(Some((start, indexes.len(), packed)));
+                frames.push(Some((start, indexes.len(), packed)));
             } else {
                 indexes.truncate(start);
-                stacks.push(None);
+                frames.push(None);
             }
         }
-        StackFrames { indexes, stacks }
+        StackFrames {
+            locations: s.locations.iter().collect(),
+            stacks: s.stacks.iter().collect(),
+            indexes: indexes.into(),
+            frames,
+        }
     }
 
-    /// The indexes of the `k`th stack (in the symbol map's order), if it
-    /// is written by index.
+    /// From `fi`, which [`model::FrameIndex::matches`] `s`: every stack
+    /// by index.
+    fn indexed(s: &'a model::Symbols, fi: &'a model::FrameIndex) -> Option<Self> {
+        let mut frames = Vec::with_capacity(fi.stacks.len());
+        let mut start = 0;
+        for &(_, end) in &fi.stacks {
+            let end = end as usize;
+            let packed = fi
+                .indexes
+                .get(start..end)?
+                .iter()
+                .map(|&i| encoded_len_varint(u64::from(i)))
+                .sum();
+            frames.push(Some((start, end, packed)));
+            start = end;
+        }
+        Some(StackFrames {
+            locations: fi
+                .locations
+                .iter()
+                .map(|id| s.locations.get_key_value(id))
+                .collect::<Option<_>>()?,
+            stacks: fi
+                .stacks
+                .iter()
+                .map(|(id, _)| s.stacks.get_key_value(id))
+                .collect::<Option<_>>()?,
+            indexes: std::borrow::Cow::Borrowed(&fi.indexes),
+            frames,
+        })
+    }
+
+    /// The indexes of the `k`th stack (in `stacks`' order), if it is
+    /// written by index.
     pub(crate) fn indexes(&self, k: usize) -> Option<&[u32]> {
-        let (start, end, _) = (*self.stacks.get(k)?)?;
-        Some(&self.indexes[start..end])
+        let (start, end, _) = (*self.frames.get(k)?)?;
+        self.indexes.get(start..end)
     }
 }
 
@@ -203,11 +252,12 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         + repeated_len(2, &profile_lens, |&l| l)
         + repeated_len(3, s.functions.values(), function_len)
         + repeated_len(4, s.mappings.values(), mapping_len)
-        + repeated_len(5, s.locations.values(), location_len)
-        + s.stacks
-            .values()
-            .zip(&frames.stacks)
-            .map(|(st, f)| delimited_len(6, stack_len(st, *f)))
+        + repeated_len(5, frames.locations.iter().map(|(_, l)| *l), location_len)
+        + frames
+            .stacks
+            .iter()
+            .zip(&frames.frames)
+            .map(|((_, st), f)| delimited_len(6, stack_len(st, *f)))
             .sum::<usize>()
         + varint_len(7, u64::from(crate::WRITE_FORMAT));
     let mut buf = Vec::with_capacity(total);
@@ -247,7 +297,7 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         put_bytes(&mut buf, 5, m.build_id.as_bytes());
         put_bytes(&mut buf, 6, &id.0);
     }
-    for (id, l) in &s.locations {
+    for &(id, l) in &frames.locations {
         put_header(&mut buf, 5, location_len(l));
         put_bytes(&mut buf, 1, &l.mapping.0);
         put_varint(&mut buf, 2, l.address);
@@ -258,7 +308,7 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         }
         put_bytes(&mut buf, 4, &id.0);
     }
-    for ((id, st), f) in s.stacks.iter().zip(&frames.stacks) {
+    for (&(id, st), f) in frames.stacks.iter().zip(&frames.frames) {
         put_header(&mut buf, 6, stack_len(st, *f));
         put_bytes(&mut buf, 2, &id.0);
         if st.locations.is_empty() {
@@ -407,6 +457,103 @@ pub(crate) mod tests {
         assert!(v3.len() + 60 * 15 < v2.len(), "{} / {}", v3.len(), v2.len());
         assert_eq!(crate::decode_write_request(&v2).unwrap(), b);
         assert_eq!(crate::decode_write_request(&v3).unwrap(), b);
+    }
+
+    /// `b`'s symbols with a frame index in an order of their own
+    /// (locations and stacks reversed from the maps' order).
+    fn with_frame_index(mut b: model::IngestBatch) -> model::IngestBatch {
+        let s = &b.symbols;
+        let mut locations: Vec<model::Id> = s.locations.keys().copied().collect();
+        locations.reverse();
+        let at = |l: &model::Id| locations.iter().position(|x| x == l).unwrap() as u32;
+        let mut fi = model::FrameIndex {
+            locations: locations.clone(),
+            ..Default::default()
+        };
+        let mut stacks: Vec<_> = s.stacks.iter().collect();
+        stacks.reverse();
+        for (id, st) in stacks {
+            fi.indexes.extend(st.locations.iter().map(at));
+            fi.stacks.push((*id, fi.indexes.len() as u32));
+        }
+        assert!(fi.matches(s));
+        b.symbols.frame_index = Some(std::sync::Arc::new(fi));
+        b
+    }
+
+    /// A table's frame index decides the record's order, and the record
+    /// reads back as the same batch; the prost message follows it too.
+    #[test]
+    fn a_frame_index_orders_the_record() {
+        let plain = batch();
+        let b = with_frame_index(plain.clone());
+        let rec = encode_write_request(&b);
+        assert_eq!(rec, WriteRequest::from(&b).encode_to_vec());
+        assert_ne!(rec, encode_write_request(&plain), "a different order");
+        assert_eq!(rec.len(), encode_write_request(&plain).len());
+        let w = WriteRequest::decode(&rec[..]).unwrap();
+        let order = &b.symbols.frame_index.as_ref().unwrap().locations;
+        let written: Vec<_> = w.locations.iter().map(|l| l.id.clone()).collect();
+        let want: Vec<_> = order.iter().map(|l| l.0.to_vec()).collect();
+        assert_eq!(written, want);
+        assert_eq!(crate::decode_write_request(&rec).unwrap(), plain);
+        assert_eq!(crate::decode_write_request_prost(&rec).unwrap(), plain);
+    }
+
+    /// An index that no longer describes its table (a stack or location
+    /// added, removed or swapped after it was built) is not used: the
+    /// record is the one of the maps' order, complete.
+    #[test]
+    fn a_stale_frame_index_is_ignored() {
+        let stale = |edit: fn(&mut model::Symbols)| {
+            let mut b = batch();
+            // A location no stack uses, for the swap below.
+            b.symbols.add_location(model::Location {
+                address: 76,
+                ..Default::default()
+            });
+            // And a stack no sample uses.
+            let l = *b.symbols.locations.keys().next().unwrap();
+            b.symbols.add_stack(model::Stack {
+                locations: vec![l; 5],
+            });
+            let mut b = with_frame_index(b);
+            edit(&mut b.symbols);
+            assert!(!b.symbols.frame_index.as_ref().unwrap().matches(&b.symbols));
+            let rec = encode_write_request(&b);
+            assert_eq!(rec, WriteRequest::from(&b).encode_to_vec());
+            let mut plain = b.clone();
+            plain.symbols.frame_index = None;
+            assert_eq!(rec, encode_write_request(&plain));
+            assert_eq!(crate::decode_write_request(&rec).unwrap(), plain);
+        };
+        stale(|s| {
+            let l = *s.locations.keys().next().unwrap();
+            s.add_stack(model::Stack { locations: vec![l] });
+        });
+        stale(|s| {
+            let l = *s.locations.keys().next().unwrap();
+            s.stacks.retain(|_, st| st.locations.len() != 5);
+            s.add_stack(model::Stack {
+                locations: vec![l, l, l],
+            });
+        });
+        stale(|s| {
+            s.add_location(model::Location {
+                address: 77,
+                ..Default::default()
+            });
+        });
+        // Same counts, another location.
+        stale(|s| {
+            let unused = model::Location {
+                address: 78,
+                ..Default::default()
+            };
+            let gone = *s.locations.iter().find(|(_, l)| l.address == 76).unwrap().0;
+            s.locations.remove(&gone);
+            s.add_location(unused);
+        });
     }
 
     #[test]

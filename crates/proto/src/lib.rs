@@ -187,22 +187,34 @@ fn id(what: &'static str, b: &[u8]) -> Result<Id, ConvertError> {
 
 impl From<&model::IngestBatch> for ingester::WriteRequest {
     fn from(b: &model::IngestBatch) -> Self {
+        let s = &b.symbols;
+        // Format 3: a stack names its locations by index, unless one of
+        // them is missing from the request (then by id, as in format 2);
+        // the same order and choice as `encode_write_request`'s.
+        let frames = encode::StackFrames::new(s);
+        let locations = frames
+            .locations
+            .iter()
+            .map(|&(id, l)| location_message(id, l))
+            .collect();
+        let stacks = frames
+            .stacks
+            .iter()
+            .enumerate()
+            .map(|(k, &(id, st))| {
+                let mut m = stack_message(id, st);
+                if let Some(ix) = frames.indexes(k) {
+                    m.location_indexes = ix.to_vec();
+                    m.locations.clear();
+                }
+                m
+            })
+            .collect();
         let ingester::HeadSymbols {
             functions,
             mappings,
-            locations,
-            mut stacks,
-        } = (&b.symbols).into();
-        // Format 3: a stack names its locations by index, unless one of
-        // them is missing from the request (then by id, as in format 2);
-        // the same choice as `encode_write_request`'s.
-        let frames = encode::StackFrames::new(&b.symbols);
-        for (k, st) in stacks.iter_mut().enumerate() {
-            if let Some(ix) = frames.indexes(k) {
-                st.location_indexes = ix.to_vec();
-                st.locations.clear();
-            }
-        }
+            ..
+        } = function_and_mapping_messages(s);
         ingester::WriteRequest {
             tenant: b.tenant.to_string(),
             profiles: b
@@ -309,57 +321,75 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
 impl From<&model::Symbols> for ingester::HeadSymbols {
     fn from(s: &model::Symbols) -> Self {
         ingester::HeadSymbols {
-            functions: s
-                .functions
-                .iter()
-                .map(|(id, f)| ingester::Function {
-                    name: f.name.clone(),
-                    system_name: f.system_name.clone(),
-                    filename: f.filename.clone(),
-                    start_line: f.start_line,
-                    id: id.0.to_vec(),
-                })
-                .collect(),
-            mappings: s
-                .mappings
-                .iter()
-                .map(|(id, m)| ingester::Mapping {
-                    memory_start: m.memory_start,
-                    memory_limit: m.memory_limit,
-                    file_offset: m.file_offset,
-                    filename: m.filename.clone(),
-                    build_id: m.build_id.clone(),
-                    id: id.0.to_vec(),
-                })
-                .collect(),
             locations: s
                 .locations
                 .iter()
-                .map(|(id, l)| ingester::Location {
-                    mapping_id: l.mapping.0.to_vec(),
-                    address: l.address,
-                    lines: l
-                        .lines
-                        .iter()
-                        .map(|x| ingester::Line {
-                            function_id: x.function.0.to_vec(),
-                            line: x.line,
-                        })
-                        .collect(),
-                    id: id.0.to_vec(),
-                })
+                .map(|(id, l)| location_message(id, l))
                 .collect(),
             stacks: s
                 .stacks
                 .iter()
-                .map(|(id, st)| ingester::Stack {
-                    location_ids: Vec::new(),
-                    location_indexes: Vec::new(),
-                    id: id.0.to_vec(),
-                    locations: st.locations.iter().flat_map(|l| l.0).collect(),
-                })
+                .map(|(id, st)| stack_message(id, st))
                 .collect(),
+            ..function_and_mapping_messages(s)
         }
+    }
+}
+
+/// The functions and mappings of `s` as messages (no locations or stacks).
+fn function_and_mapping_messages(s: &model::Symbols) -> ingester::HeadSymbols {
+    ingester::HeadSymbols {
+        functions: s
+            .functions
+            .iter()
+            .map(|(id, f)| ingester::Function {
+                name: f.name.clone(),
+                system_name: f.system_name.clone(),
+                filename: f.filename.clone(),
+                start_line: f.start_line,
+                id: id.0.to_vec(),
+            })
+            .collect(),
+        mappings: s
+            .mappings
+            .iter()
+            .map(|(id, m)| ingester::Mapping {
+                memory_start: m.memory_start,
+                memory_limit: m.memory_limit,
+                file_offset: m.file_offset,
+                filename: m.filename.clone(),
+                build_id: m.build_id.clone(),
+                id: id.0.to_vec(),
+            })
+            .collect(),
+        locations: Vec::new(),
+        stacks: Vec::new(),
+    }
+}
+
+fn location_message(id: &Id, l: &model::Location) -> ingester::Location {
+    ingester::Location {
+        mapping_id: l.mapping.0.to_vec(),
+        address: l.address,
+        lines: l
+            .lines
+            .iter()
+            .map(|x| ingester::Line {
+                function_id: x.function.0.to_vec(),
+                line: x.line,
+            })
+            .collect(),
+        id: id.0.to_vec(),
+    }
+}
+
+/// A stack by location id (format 2).
+fn stack_message(id: &Id, st: &model::Stack) -> ingester::Stack {
+    ingester::Stack {
+        location_ids: Vec::new(),
+        location_indexes: Vec::new(),
+        id: id.0.to_vec(),
+        locations: st.locations.iter().flat_map(|l| l.0).collect(),
     }
 }
 
