@@ -413,26 +413,23 @@ fn decode_payload(
 fn decode(format: &Format, body: &[u8], ctx: DecodeContext) -> Result<Normalized, ApiError> {
     match format {
         Format::Pprof => {
-            let prof = fathom_pprof::decode(body, &ctx.limits).map_err(|e| match e {
-                fathom_pprof::DecodeError::TooLarge { .. }
-                | fathom_pprof::DecodeError::DecodedTooLarge { .. }
-                | fathom_pprof::DecodeError::LimitExceeded { .. } => {
-                    ApiError::TooLarge(format!("invalid pprof: {e}"))
-                }
+            use fathom_pprof::{DecodeError, DecodeNormalizeError};
+            let opts = fathom_pprof::NormalizeOptions {
+                labels: ctx.labels,
+                name_hint: ctx.name_hint,
+                time_nanos_override: ctx.time_nanos,
+                duration_nanos_override: ctx.duration_nanos,
+                profile_id_seed: ctx.seed,
+                ..Default::default()
+            };
+            fathom_pprof::decode_and_normalize(body, &ctx.limits, &opts).map_err(|e| match e {
+                DecodeNormalizeError::Decode(
+                    DecodeError::TooLarge { .. }
+                    | DecodeError::DecodedTooLarge { .. }
+                    | DecodeError::LimitExceeded { .. },
+                ) => ApiError::TooLarge(format!("invalid pprof: {e}")),
                 e => ApiError::bad_request(format!("invalid pprof: {e}")),
-            })?;
-            fathom_pprof::normalize(
-                &prof,
-                &fathom_pprof::NormalizeOptions {
-                    labels: ctx.labels,
-                    name_hint: ctx.name_hint,
-                    time_nanos_override: ctx.time_nanos,
-                    duration_nanos_override: ctx.duration_nanos,
-                    profile_id_seed: ctx.seed,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| ApiError::bad_request(format!("invalid pprof: {e}")))
+            })
         }
         Format::Folded(f) => fathom_pprof::parse_folded(
             body,

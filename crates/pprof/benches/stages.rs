@@ -26,7 +26,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use fathom_model::{IngestBatch, Labels, TenantId};
-use fathom_pprof::{Limits, NormalizeOptions, decode, normalize};
+use fathom_pprof::{Limits, NormalizeOptions, decode, decode_and_normalize, normalize};
 use prost::Message;
 
 /// Every protobuf pprof of the corpus with an expectation, uncompressed.
@@ -128,7 +128,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let mut all: Vec<[f64; 8]> = Vec::new();
+    let mut all: Vec<[f64; 10]> = Vec::new();
     for _ in 0..rounds {
         let prost = rate(total, secs, || {
             files
@@ -159,12 +159,31 @@ fn main() {
                 .map(|b| fathom_proto::encode_write_request(b).len())
                 .sum()
         });
-        let distributor = rate(total, secs, || {
+        let two_passes = rate(total, secs, || {
             files
                 .iter()
                 .map(|b| {
                     let p = decode(b, &limits).unwrap();
-                    let n = normalize(&p, &opts).unwrap();
+                    normalize(&p, &opts).unwrap().profiles.len()
+                })
+                .sum()
+        });
+        let one_pass = rate(total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    decode_and_normalize(b, &limits, &opts)
+                        .unwrap()
+                        .profiles
+                        .len()
+                })
+                .sum()
+        });
+        let distributor = rate(total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    let n = decode_and_normalize(b, &limits, &opts).unwrap();
                     let batch = IngestBatch {
                         tenant: tenant.clone(),
                         profiles: n.profiles,
@@ -213,6 +232,8 @@ fn main() {
             ingester_v0,
             ingester_current,
             ingester_via_prost,
+            two_passes,
+            one_pass,
         ]);
     }
     let median = |i: usize| {
@@ -233,6 +254,8 @@ fn main() {
         ingester_v0,
         ingester_current,
         ingester_via_prost,
+        two_passes,
+        one_pass,
     ] = std::array::from_fn(median);
     // The ratio of each round's figure to the same round's prost decode.
     let ratio = |i: usize| {
@@ -252,7 +275,9 @@ fn main() {
     figure("pprof_decode", 1, dec);
     figure("normalize", 2, norm);
     figure("encode_record", 3, enc);
-    figure("distributor_decode_normalize_encode", 4, distributor);
+    figure("decode_then_normalize", 8, two_passes);
+    figure("decode_and_normalize_one_pass", 9, one_pass);
+    figure("distributor_decode_and_normalize_encode", 4, distributor);
     figure("ingester_record_format0_rehash_reencode", 5, ingester_v0);
     figure("ingester_record_as_received", 6, ingester_current);
     figure("ingester_record_via_prost_message", 7, ingester_via_prost);

@@ -138,6 +138,103 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<pprof::Profile, DecodeErr
     }
 }
 
+/// Why [`decode_and_normalize`] refused a profile: what [`decode`] or
+/// [`crate::normalize`] said.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeNormalizeError {
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    #[error(transparent)]
+    Normalize(#[from] crate::NormalizeError),
+}
+
+/// [`decode`] then [`crate::normalize`], the same result for every input,
+/// faster for a valid protobuf profile: its samples are normalized as they
+/// are read from the bytes, one at a time into one reused sample, instead
+/// of first decoding each into vectors of its own (the ingest path).
+///
+/// Anything the one pass does not accept (a framing or validation error,
+/// a limit, a legacy text profile, too many series) goes through
+/// [`decode`] and [`crate::normalize`], which decide and word the error.
+pub fn decode_and_normalize(
+    bytes: &[u8],
+    limits: &Limits,
+    opts: &crate::NormalizeOptions,
+) -> Result<crate::Normalized, DecodeNormalizeError> {
+    let data: Option<Cow<'_, [u8]>> = if is_gzip(bytes) {
+        gunzip(bytes, limits.max_decompressed_bytes)
+            .ok()
+            .map(Cow::Owned)
+    } else {
+        (bytes.len() <= limits.max_decompressed_bytes).then_some(Cow::Borrowed(bytes))
+    };
+    if let Some(n) = data.and_then(|d| normalize_protobuf(&d, limits, opts)) {
+        return Ok(n);
+    }
+    let p = decode(bytes, limits)?;
+    Ok(crate::normalize(&p, opts)?)
+}
+
+/// The one pass of [`decode_and_normalize`]; `None` where [`decode`] or
+/// [`crate::normalize`] would refuse `data` or read it another way.
+fn normalize_protobuf(
+    data: &[u8],
+    limits: &Limits,
+    opts: &crate::NormalizeOptions,
+) -> Option<crate::Normalized> {
+    if data.is_empty() {
+        return None;
+    }
+    let counts = wire::prescan(data).ok()?;
+    for (count, limit) in [
+        (counts.sample_types, limits.max_sample_types),
+        (counts.samples, limits.max_samples),
+        (counts.mappings, limits.max_mappings),
+        (counts.locations, limits.max_locations),
+        (counts.functions, limits.max_functions),
+        (counts.strings, limits.max_strings),
+    ] {
+        if count > limit {
+            return None;
+        }
+    }
+    let (p, budget) = wire::decode_tables(data, &counts, limits.max_decoded_bytes, false).ok()?;
+    // Everything but the samples, which are checked as they are read.
+    validate(&p, limits).ok()?;
+    let mut samples = CheckedSamples {
+        wire: wire::WireSamples::new(data, budget),
+        strings: p.string_table.len(),
+    };
+    let n = crate::normalize::Normalizer::new(&p, opts, counts.samples).ok()?;
+    n.run(&mut samples).ok()
+}
+
+/// The samples of a profile's bytes, with the checks [`validate`] makes of
+/// each that [`crate::normalize`] does not (every label's strings in
+/// range; normalize checks value counts and locations).
+struct CheckedSamples<'a> {
+    wire: wire::WireSamples<'a>,
+    strings: usize,
+}
+
+impl crate::normalize::Samples for CheckedSamples<'_> {
+    type Stop = ();
+    fn next_sample(&mut self) -> Option<Result<&pprof::Sample, ()>> {
+        let strings = self.strings;
+        let in_range = |i: i64| i == 0 || usize::try_from(i).is_ok_and(|i| i < strings);
+        Some(match self.wire.next_sample()? {
+            Ok(s)
+                if s.label
+                    .iter()
+                    .all(|l| in_range(l.key) && in_range(l.str) && in_range(l.num_unit)) =>
+            {
+                Ok(s)
+            }
+            _ => Err(()),
+        })
+    }
+}
+
 fn check_limit(what: &'static str, count: usize, limit: usize) -> Result<(), DecodeError> {
     if count > limit {
         return Err(DecodeError::LimitExceeded { what, count, limit });
@@ -310,6 +407,68 @@ mod tests {
         assert_eq!(p, tiny());
         let gz = crate::encode::gzip(&raw);
         assert_eq!(decode(&gz, &Limits::default()).expect("decodes"), tiny());
+    }
+
+    /// A valid profile takes the one pass (and gets its result); one the
+    /// validation refuses does not, whatever normalize alone would make of
+    /// it, and gets decode's error.
+    #[test]
+    fn one_pass_takes_valid_profiles_only() {
+        let opts = crate::NormalizeOptions::default();
+        let limits = Limits::default();
+        let raw = tiny().encode_to_vec();
+        let one = normalize_protobuf(&raw, &limits, &opts).expect("the one pass");
+        assert_eq!(one, crate::normalize(&tiny(), &opts).unwrap());
+        assert_eq!(one.profiles[0].samples[0].value, 5);
+        // A zero sample with a dangling location, and a label string out
+        // of range: normalize would skip both; validation refuses them.
+        let mut p = tiny();
+        p.sample.push(pprof::Sample {
+            location_id: vec![42],
+            value: vec![0],
+            label: vec![],
+        });
+        assert!(normalize_protobuf(&p.encode_to_vec(), &limits, &opts).is_none());
+        let e = decode_and_normalize(&p.encode_to_vec(), &limits, &opts).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "sample 1 refers to location 42, which the profile does not define"
+        );
+        let mut p = tiny();
+        p.sample[0].label.push(pprof::Label {
+            key: 1,
+            num: 3,
+            num_unit: 99,
+            ..Default::default()
+        });
+        assert!(normalize_protobuf(&p.encode_to_vec(), &limits, &opts).is_none());
+        assert!(matches!(
+            decode_and_normalize(&p.encode_to_vec(), &limits, &opts),
+            Err(DecodeNormalizeError::Decode(
+                DecodeError::StringIndex { .. }
+            ))
+        ));
+        // The samples' memory counts against the decode budget: the least
+        // budget that decodes `tiny` refuses it with 63 more frames.
+        let fits = |max_decoded_bytes| Limits {
+            max_decoded_bytes,
+            ..Limits::default()
+        };
+        let least = (0..4096)
+            .find(|&n| decode(&raw, &fits(n)).is_ok())
+            .expect("tiny decodes within 4 KiB");
+        let small = fits(least);
+        assert!(normalize_protobuf(&raw, &small, &opts).is_some());
+        assert!(normalize_protobuf(&raw, &fits(least - 1), &opts).is_none());
+        let mut p = tiny();
+        p.sample[0].location_id = vec![1; 64];
+        assert!(normalize_protobuf(&p.encode_to_vec(), &small, &opts).is_none());
+        assert!(matches!(
+            decode_and_normalize(&p.encode_to_vec(), &small, &opts),
+            Err(DecodeNormalizeError::Decode(
+                DecodeError::DecodedTooLarge { .. }
+            ))
+        ));
     }
 
     #[test]

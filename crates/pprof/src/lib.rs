@@ -77,7 +77,7 @@ mod normalize;
 mod speedscope;
 mod wire;
 
-pub use decode::{DecodeError, decode, validate};
+pub use decode::{DecodeError, DecodeNormalizeError, decode, decode_and_normalize, validate};
 pub use encode::{encode, to_pprof};
 pub use folded::{
     Aggregation, DEFAULT_SAMPLE_RATE, FoldedError, FoldedOptions, folded_lines,

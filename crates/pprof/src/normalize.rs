@@ -346,11 +346,44 @@ pub fn normalize(
     p: &pprof::Profile,
     opts: &NormalizeOptions,
 ) -> Result<Normalized, NormalizeError> {
-    let n = Normalizer::new(p, opts)?;
-    n.run()
+    let n = Normalizer::new(p, opts, p.sample.len())?;
+    let mut samples = ProfileSamples(p.sample.iter());
+    n.run(&mut samples).map_err(|e| match e {
+        Stopped::Normalize(e) => e,
+        Stopped::Source(never) => match never {},
+    })
 }
 
-struct Normalizer<'a> {
+/// Where [`Normalizer::run`] reads samples from, one at a time.
+pub(crate) trait Samples {
+    /// Why the source stopped early.
+    type Stop;
+    fn next_sample(&mut self) -> Option<Result<&pprof::Sample, Self::Stop>>;
+}
+
+/// The samples of a decoded profile.
+struct ProfileSamples<'a>(std::slice::Iter<'a, pprof::Sample>);
+
+impl Samples for ProfileSamples<'_> {
+    type Stop = std::convert::Infallible;
+    fn next_sample(&mut self) -> Option<Result<&pprof::Sample, Self::Stop>> {
+        self.0.next().map(Ok)
+    }
+}
+
+/// Why [`Normalizer::run`] stopped.
+pub(crate) enum Stopped<E> {
+    Normalize(NormalizeError),
+    Source(E),
+}
+
+impl<E> From<NormalizeError> for Stopped<E> {
+    fn from(e: NormalizeError) -> Self {
+        Stopped::Normalize(e)
+    }
+}
+
+pub(crate) struct Normalizer<'a> {
     p: &'a pprof::Profile,
     opts: &'a NormalizeOptions,
     /// pprof location id → (position, model id and index among
@@ -368,10 +401,19 @@ struct Normalizer<'a> {
     /// rare pprof that lists the same location twice under two ids
     /// (built on the first such repeat).
     location_index: Option<fathom_model::IdMap<u32>>,
+    /// About how many samples `run` will read.
+    expected_samples: usize,
 }
 
 impl<'a> Normalizer<'a> {
-    fn new(p: &'a pprof::Profile, opts: &'a NormalizeOptions) -> Result<Self, NormalizeError> {
+    /// A normalizer of `p`, whose samples ([`Normalizer::run`] reads them
+    /// from a [`Samples`]) number about `samples`: tables are sized for
+    /// them.
+    pub(crate) fn new(
+        p: &'a pprof::Profile,
+        opts: &'a NormalizeOptions,
+        samples: usize,
+    ) -> Result<Self, NormalizeError> {
         let bad = |what| move |_: IndexError| NormalizeError::BadIds { what };
         Ok(Normalizer {
             p,
@@ -387,7 +429,7 @@ impl<'a> Normalizer<'a> {
             symbols: {
                 // Sized up front: growing these maps rehashes everything.
                 let mut s = Symbols::default();
-                s.stacks.reserve(p.sample.len());
+                s.stacks.reserve(samples);
                 s.locations.reserve(p.location.len());
                 s.functions.reserve(p.function.len());
                 s.mappings.reserve(p.mapping.len());
@@ -395,10 +437,11 @@ impl<'a> Normalizer<'a> {
             },
             frame_index: fathom_model::FrameIndex {
                 locations: Vec::with_capacity(p.location.len()),
-                stacks: Vec::with_capacity(p.sample.len()),
+                stacks: Vec::with_capacity(samples),
                 indexes: Vec::new(),
             },
             location_index: None,
+            expected_samples: samples,
         })
     }
 
@@ -545,8 +588,12 @@ impl<'a> Normalizer<'a> {
         Ok(labels)
     }
 
-    fn run(mut self) -> Result<Normalized, NormalizeError> {
+    pub(crate) fn run<S: Samples>(
+        mut self,
+        samples: &mut S,
+    ) -> Result<Normalized, Stopped<S::Stop>> {
         let p = self.p;
+        let expected = self.expected_samples;
         let (pt, pu) = match &p.period_type {
             Some(vt) => (
                 self.string(vt.r#type, "the period type")?,
@@ -587,17 +634,34 @@ impl<'a> Normalizer<'a> {
         let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
 
-        for (si, s) in p.sample.iter().enumerate() {
+        let mut next = 0usize;
+        while let Some(s) = samples.next_sample() {
+            let s = s.map_err(Stopped::Source)?;
+            let si = next;
+            next += 1;
             if s.value.len() != want {
                 return Err(NormalizeError::ValueCount {
                     sample: si,
                     got: s.value.len(),
                     want,
-                });
+                }
+                .into());
             }
             // All-zero samples contribute nothing; samples without
-            // locations have no stack to attribute their value to.
+            // locations have no stack to attribute their value to. Their
+            // locations must exist all the same.
             if s.value.iter().all(|&v| v == 0) || s.location_id.is_empty() {
+                if let Some(&location) = s
+                    .location_id
+                    .iter()
+                    .find(|&&l| self.locations.get_mut(l).is_none())
+                {
+                    return Err(NormalizeError::UnknownLocation {
+                        sample: si,
+                        location,
+                    }
+                    .into());
+                }
                 continue;
             }
             raw_labels.clear();
@@ -622,13 +686,14 @@ impl<'a> Normalizer<'a> {
                             if series.len() >= self.opts.max_series {
                                 return Err(NormalizeError::TooManySeries {
                                     limit: self.opts.max_series,
-                                });
+                                }
+                                .into());
                             }
                             // The first series usually holds most
                             // samples (all of them without sample
                             // labels): sized for them, so its map never
                             // rehashes; later ones grow as needed.
-                            let expect = if series.is_empty() { p.sample.len() } else { 0 };
+                            let expect = if series.is_empty() { expected } else { 0 };
                             series.push(Series {
                                 labels: labels.clone(),
                                 slot_of: fathom_model::IdMap::with_capacity_and_hasher(

@@ -210,7 +210,7 @@ impl From<Bad> for WireError {
 }
 
 /// Tracks the memory a decode has committed to, against a limit.
-struct Budget {
+pub(crate) struct Budget {
     used: usize,
     limit: usize,
 }
@@ -308,6 +308,15 @@ fn label(b: &[u8]) -> Result<pprof::Label, Bad> {
 
 fn sample(b: &[u8], budget: &mut Budget) -> Result<pprof::Sample, WireError> {
     let mut s = pprof::Sample::default();
+    sample_into(b, &mut s, budget)?;
+    Ok(s)
+}
+
+/// [`sample`] into `s`, whose vectors are cleared and reused.
+fn sample_into(b: &[u8], s: &mut pprof::Sample, budget: &mut Budget) -> Result<(), WireError> {
+    s.location_id.clear();
+    s.value.clear();
+    s.label.clear();
     for f in fields(b) {
         let f = f?;
         match f.number {
@@ -321,7 +330,7 @@ fn sample(b: &[u8], budget: &mut Budget) -> Result<pprof::Sample, WireError> {
             _ => {}
         }
     }
-    Ok(s)
+    Ok(())
 }
 
 fn mapping(b: &[u8]) -> Result<pprof::Mapping, Bad> {
@@ -411,6 +420,18 @@ pub(crate) fn decode_profile(
     counts: &Counts,
     max_bytes: usize,
 ) -> Result<pprof::Profile, WireError> {
+    decode_tables(b, counts, max_bytes, true).map(|(p, _)| p)
+}
+
+/// [`decode_profile`], with its samples (field 2) decoded when `samples`,
+/// else left on the wire (their memory is still counted up front, as
+/// [`WireSamples`] then counts the rest); also returns the budget.
+pub(crate) fn decode_tables(
+    b: &[u8],
+    counts: &Counts,
+    max_bytes: usize,
+    samples: bool,
+) -> Result<(pprof::Profile, Budget), WireError> {
     let mut budget = Budget {
         used: 0,
         limit: max_bytes,
@@ -425,7 +446,7 @@ pub(crate) fn decode_profile(
     )?;
     let mut p = pprof::Profile {
         sample_type: Vec::with_capacity(counts.sample_types),
-        sample: Vec::with_capacity(counts.samples),
+        sample: Vec::with_capacity(if samples { counts.samples } else { 0 }),
         mapping: Vec::with_capacity(counts.mappings),
         location: Vec::with_capacity(counts.locations),
         function: Vec::with_capacity(counts.functions),
@@ -443,7 +464,9 @@ pub(crate) fn decode_profile(
             }
             2 => {
                 want(&f, 2)?;
-                p.sample.push(sample(f.payload, &mut budget)?);
+                if samples {
+                    p.sample.push(sample(f.payload, &mut budget)?);
+                }
             }
             3 => {
                 want(&f, 2)?;
@@ -482,7 +505,47 @@ pub(crate) fn decode_profile(
             _ => {}
         }
     }
-    Ok(p)
+    Ok((p, budget))
+}
+
+/// The samples of a profile read one at a time from its bytes into one
+/// reused [`pprof::Sample`] (no allocation per sample, and the bytes are
+/// read in order), charging the same memory budget as [`decode_profile`].
+pub(crate) struct WireSamples<'a> {
+    fields: Fields<'a>,
+    budget: Budget,
+    sample: pprof::Sample,
+}
+
+impl<'a> WireSamples<'a> {
+    /// The samples of `b`, which [`decode_tables`] read without them and
+    /// left `budget`.
+    pub(crate) fn new(b: &'a [u8], budget: Budget) -> Self {
+        WireSamples {
+            fields: fields(b),
+            budget,
+            sample: pprof::Sample::default(),
+        }
+    }
+
+    /// The next sample; `Some(Err)` where [`decode_profile`] fails.
+    pub(crate) fn next_sample(&mut self) -> Option<Result<&pprof::Sample, WireError>> {
+        loop {
+            let f = match self.fields.next()? {
+                Ok(f) => f,
+                Err(e) => return Some(Err(e.into())),
+            };
+            if f.number != 2 {
+                continue;
+            }
+            if let Err(e) = want(&f, 2) {
+                return Some(Err(e.into()));
+            }
+            return Some(
+                sample_into(f.payload, &mut self.sample, &mut self.budget).map(|()| &self.sample),
+            );
+        }
+    }
 }
 
 #[cfg(test)]

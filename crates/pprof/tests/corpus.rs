@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use fathom_model::{Function, Id, Labels, Line, Location, Mapping, Symbols};
 use fathom_pprof::{
-    DecodeError, FoldedError, FoldedOptions, Limits, NormalizeOptions, Normalized, decode, encode,
-    folded_lines, go_pprof_display_name, normalize, parse_folded,
+    DecodeError, FoldedError, FoldedOptions, Limits, NormalizeOptions, Normalized, decode,
+    decode_and_normalize, encode, folded_lines, go_pprof_display_name, normalize, parse_folded,
 };
 use fathom_proto::pprof;
 use proptest::prelude::*;
@@ -442,6 +442,7 @@ fn no_panic(bytes: &[u8]) -> bool {
         if let Ok(p) = decode(bytes, &Limits::default()) {
             let _ = normalize(&p, &opts());
         }
+        let _ = decode_and_normalize(bytes, &Limits::default(), &opts());
         let _ = parse_folded(bytes, &FoldedOptions::default(), &Limits::default());
     })
     .is_ok()
@@ -769,8 +770,104 @@ fn small_files() -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The one-pass [`decode_and_normalize`] against [`decode`] then
+/// [`normalize`]: the same profiles, symbols and frame index, or the same
+/// error, worded the same.
+fn one_pass_agrees(bytes: &[u8], limits: &Limits) -> Result<(), String> {
+    let two = decode(bytes, limits)
+        .map_err(|e| e.to_string())
+        .and_then(|p| normalize(&p, &opts()).map_err(|e| e.to_string()));
+    let one = decode_and_normalize(bytes, limits, &opts()).map_err(|e| e.to_string());
+    match (one, two) {
+        (Ok(a), Ok(b)) if a == b && a.symbols.frame_index == b.symbols.frame_index => Ok(()),
+        (Err(a), Err(b)) if a == b => Ok(()),
+        (a, b) => Err(format!(
+            "one pass: {:?}; two passes: {:?}",
+            a.map(|n| n.profiles.len()),
+            b.map(|n| n.profiles.len())
+        )),
+    }
+}
+
+#[test]
+fn one_pass_agrees_with_decode_then_normalize_on_the_corpus() {
+    let mut bad = Vec::new();
+    let mut decoded = 0;
+    for (file, bytes) in all_files() {
+        let mut inputs = vec![bytes.clone()];
+        if bytes.starts_with(&[0x1f, 0x8b]) {
+            inputs.push(gunzip(&bytes));
+        }
+        for input in inputs {
+            decoded += usize::from(decode(&input, &Limits::default()).is_ok());
+            if let Err(e) = one_pass_agrees(&input, &Limits::default()) {
+                bad.push(format!("{file}: {e}"));
+            }
+        }
+    }
+    assert!(decoded > 100, "only {decoded} corpus inputs decode");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Limits that the samples alone break (their count, the memory their
+/// vectors take) refuse the profile with the same error either way.
+#[test]
+fn one_pass_agrees_at_the_limits() {
+    let mut refused = 0;
+    for bytes in small_files_cached().iter().take(24) {
+        let Ok(p) = decode(bytes, &Limits::default()) else {
+            continue;
+        };
+        let samples = p.sample.len();
+        let frames: usize = p.sample.iter().map(|s| s.location_id.len()).sum();
+        let mut cases = vec![
+            Limits {
+                max_samples: samples.saturating_sub(1),
+                ..Limits::default()
+            },
+            Limits {
+                max_samples: samples,
+                ..Limits::default()
+            },
+        ];
+        // Around the memory the decode commits to, frames included.
+        for cut in [frames * 8, frames * 4, frames, 64 << 10, 1 << 10] {
+            cases.push(Limits {
+                max_decoded_bytes: cut,
+                ..Limits::default()
+            });
+        }
+        for limits in cases {
+            refused += usize::from(decode(bytes, &limits).is_err());
+            if let Err(e) = one_pass_agrees(bytes, &limits) {
+                panic!("{e} with {limits:?}");
+            }
+        }
+    }
+    assert!(refused > 10, "the limits refused only {refused} decodes");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn one_pass_agrees_on_mutated_files(
+        pick in any::<prop::sample::Index>(),
+        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let files = small_files_cached();
+        let mut b = files[pick.index(files.len())].clone();
+        for (at, v) in edits {
+            if !b.is_empty() {
+                let i = at.index(b.len());
+                b[i] = v;
+            }
+        }
+        let keep = cut.index(b.len() + 1);
+        b.truncate(keep.max(b.len() / 2));
+        prop_assert_eq!(one_pass_agrees(&b, &Limits::default()), Ok(()));
+    }
 
     #[test]
     fn mutated_real_files_never_panic(
