@@ -356,6 +356,7 @@ impl Ingester {
     /// take its tenant over its series limit.
     pub async fn write(&self, batch: IngestBatch) -> Result<usize, Error> {
         let rec = fathom_proto::encode_write_request(&batch);
+        let _g = self.gate.read().await;
         self.write_batch(batch, rec.into()).await
     }
 
@@ -364,8 +365,20 @@ impl Ingester {
     /// distributor), appended to the WAL exactly as received and applied
     /// to the head without recomputing any id. An undecodable record is
     /// refused ([`Error::Record`]) before anything is written.
+    ///
+    /// Symbols the tenant's active head already holds are read and checked
+    /// but not copied (most of a steady stream's): the record is decoded
+    /// under the gate, so no cut can take that head away before the batch
+    /// is applied to it.
     pub async fn write_record(&self, record: bytes::Bytes) -> Result<usize, Error> {
-        let batch = fathom_proto::decode_write_request(&record).map_err(Error::Record)?;
+        let _g = self.gate.read().await;
+        let batch = {
+            let st = self.state.read();
+            fathom_proto::decode_write_request_skipping(&record, |tenant| {
+                st.active.get(tenant).map(|h| &h.symbols)
+            })
+            .map_err(Error::Record)?
+        };
         // The gRPC layer's `ingester_write` span, once the record is read.
         let span = tracing::Span::current();
         span.record("tenant", tracing::field::display(&batch.tenant));
@@ -375,7 +388,7 @@ impl Ingester {
     }
 
     /// Appends `rec`, the encoding of `batch`, to the WAL, then applies
-    /// `batch` to its tenant's head.
+    /// `batch` to its tenant's head. The caller holds the gate (shared).
     async fn write_batch(&self, batch: IngestBatch, rec: bytes::Bytes) -> Result<usize, Error> {
         let held = self.state.read().held();
         if held >= self.cfg.max_head_memory {
@@ -386,7 +399,6 @@ impl Ingester {
             });
         }
         self.check_series(&batch)?;
-        let _g = self.gate.read().await;
         self.wal.append(rec).await?;
         let profiles = batch.profiles.len();
         let mut st = self.state.write();

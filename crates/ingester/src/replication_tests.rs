@@ -179,3 +179,44 @@ async fn the_wal_holds_the_bytes_the_distributor_sent() {
         );
     }
 }
+
+/// A record whose symbols the head already holds adds its profiles and
+/// no copy of them; after a cut the new head gets every symbol again.
+#[tokio::test]
+async fn records_of_known_symbols_keep_every_head_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ing = open(dir.path());
+    let t = TenantId::new("t1").unwrap();
+    let batch = corpus_batch();
+    // The same symbols under new profile ids, as the next scrape sends.
+    let again = |n: u8| {
+        let mut b = batch.clone();
+        for p in &mut b.profiles {
+            p.id.0[0] ^= n;
+        }
+        bytes::Bytes::from(fathom_proto::encode_write_request(&b))
+    };
+    let head_symbols = |ing: &Ingester| ing.state.read().active["t1"].symbols.clone();
+    ing.write_record(again(0)).await.unwrap();
+    assert_eq!(head_symbols(&ing), batch.symbols);
+    let added = ing.write_record(again(1)).await.unwrap();
+    assert_eq!(added, batch.sample_count(), "every sample of the repeat");
+    assert_eq!(
+        head_symbols(&ing),
+        batch.symbols,
+        "nothing lost, nothing new"
+    );
+    let snap = ing.snapshot(&t, 0, i64::MAX);
+    assert_eq!(snap.profiles.len(), 2 * batch.profiles.len());
+
+    // A cut empties the active head: the next record brings everything.
+    let blocks = ing.flush(None).await.unwrap();
+    assert!(!blocks.is_empty());
+    ing.write_record(again(2)).await.unwrap();
+    assert_eq!(head_symbols(&ing), batch.symbols);
+    // And every stack a head sample names resolves.
+    let stacks: Vec<_> = batch.symbols.stacks.keys().copied().collect();
+    let read = ing.symbols(&t, &stacks);
+    assert_eq!(read.stacks.len(), stacks.len());
+    assert_eq!(read.locations.len(), batch.symbols.locations.len());
+}

@@ -174,6 +174,24 @@ pub fn decode_write_request(record: &[u8]) -> Result<model::IngestBatch, Convert
     decode_write_request_prost(record)
 }
 
+/// [`decode_write_request`] for a table that already holds many of the
+/// record's symbols (an ingester's head): functions, mappings, locations
+/// and stacks that `known(tenant)` holds are read and checked as usual
+/// but left out of the batch's symbols, so that they are not copied only
+/// to be dropped when the batch is applied. The record is accepted or
+/// refused exactly as [`decode_write_request`] does; every reference is
+/// checked against the record itself. A record that takes the prost path
+/// gives every symbol.
+pub fn decode_write_request_skipping<'k>(
+    record: &[u8],
+    known: impl FnOnce(&str) -> Option<&'k model::Symbols>,
+) -> Result<model::IngestBatch, ConvertError> {
+    if let Some(batch) = record::decode_skipping(record, known) {
+        return Ok(batch);
+    }
+    decode_write_request_prost(record)
+}
+
 /// [`decode_write_request`] through the prost message only: the reference
 /// the direct decoder is tested and benchmarked against.
 pub fn decode_write_request_prost(record: &[u8]) -> Result<model::IngestBatch, ConvertError> {

@@ -157,6 +157,18 @@ struct Top<'a> {
 
 /// Decodes a format-2 or format-3 record, or `None` (see the module docs).
 pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
+    decode_skipping(record, |_| None)
+}
+
+/// [`decode_direct`], leaving out of the batch's symbols every function,
+/// mapping, location and stack that `known(tenant)` already holds: they
+/// are read and checked all the same (the record is accepted or refused
+/// exactly as [`decode_direct`] does), but not copied. Every reference is
+/// checked against the record, never against `known`.
+pub(crate) fn decode_skipping<'k>(
+    record: &[u8],
+    known: impl FnOnce(&str) -> Option<&'k model::Symbols>,
+) -> Option<model::IngestBatch> {
     let mut top = Top::default();
     each(record, |f| {
         match f.number {
@@ -178,13 +190,19 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
         _ => return None,
     };
     let tenant = model::TenantId::new(top.tenant).ok()?;
+    let known = known(top.tenant);
+    let empty = model::Symbols::default();
+    let k = known.unwrap_or(&empty);
     let mut symbols = model::Symbols::default();
-    symbols.functions.reserve(top.functions.len());
-    symbols.mappings.reserve(top.mappings.len());
-    symbols.locations.reserve(top.locations.len());
-    symbols.stacks.reserve(top.stacks.len());
-    // Location ids in wire order: what format 3's stacks index.
-    let mut location_ids = Vec::with_capacity(if indexed { top.locations.len() } else { 0 });
+    if known.is_none() {
+        symbols.functions.reserve(top.functions.len());
+        symbols.mappings.reserve(top.mappings.len());
+        symbols.locations.reserve(top.locations.len());
+        symbols.stacks.reserve(top.stacks.len());
+    }
+    // Location ids in wire order: what format 3's stacks index, and what
+    // format 2's stacks must name.
+    let mut location_ids = Vec::with_capacity(top.locations.len());
     for b in top.functions {
         let (mut name, mut system_name, mut filename, mut start_line, mut fid) =
             ("", "", "", 0i64, &[][..]);
@@ -199,15 +217,18 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
             }
             Some(())
         })?;
-        symbols.functions.insert(
-            id(fid)?,
-            model::Function {
-                name: name.to_owned(),
-                system_name: system_name.to_owned(),
-                filename: filename.to_owned(),
-                start_line,
-            },
-        );
+        let fid = id(fid)?;
+        if !k.functions.contains_key(&fid) {
+            symbols.functions.insert(
+                fid,
+                model::Function {
+                    name: name.to_owned(),
+                    system_name: system_name.to_owned(),
+                    filename: filename.to_owned(),
+                    start_line,
+                },
+            );
+        }
     }
     for b in top.mappings {
         let mut m = model::Mapping::default();
@@ -224,12 +245,18 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
             }
             Some(())
         })?;
-        m.filename = filename.to_owned();
-        m.build_id = build_id.to_owned();
-        symbols.mappings.insert(id(mid)?, m);
+        let mid = id(mid)?;
+        if !k.mappings.contains_key(&mid) {
+            m.filename = filename.to_owned();
+            m.build_id = build_id.to_owned();
+            symbols.mappings.insert(mid, m);
+        }
     }
+    // One location's lines, reused.
+    let mut lines: Vec<model::Line> = Vec::new();
     for b in top.locations {
         let mut loc = model::Location::default();
+        lines.clear();
         let (mut mapping, mut lid) = (&[][..], &[][..]);
         each(b, |f| {
             match f.number {
@@ -245,7 +272,7 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
                         }
                         Some(())
                     })?;
-                    loc.lines.push(model::Line {
+                    lines.push(model::Line {
                         function: id(function)?,
                         line,
                     });
@@ -257,14 +284,25 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
         })?;
         loc.mapping = id(mapping)?;
         let lid = id(lid)?;
-        if indexed {
-            location_ids.push(lid);
+        location_ids.push(lid);
+        if !k.locations.contains_key(&lid) {
+            loc.lines = lines.clone();
+            symbols.locations.insert(lid, loc);
         }
-        symbols.locations.insert(lid, loc);
     }
+    // Every location id of the record, once a format-2 stack names one.
+    let mut location_set: Option<model::IdSet> = None;
+    // Every stack id of the record, which samples must name (when some
+    // are left out of `symbols`).
+    let mut stack_ids = model::IdSet::default();
+    if known.is_some() {
+        stack_ids.reserve(top.stacks.len());
+    }
+    // One stack's indexes, reused.
+    let mut indexes: Vec<u32> = Vec::new();
     for b in top.stacks {
         let (mut sid, mut packed, mut per_frame) = (&[][..], &[][..], false);
-        let mut indexes: Vec<u32> = Vec::new();
+        indexes.clear();
         each(b, |f| {
             match f.number {
                 // Format 0's one-element-per-frame field: left to prost.
@@ -297,18 +335,37 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
         if per_frame || packed.len() % 16 != 0 || (!packed.is_empty() && !indexes.is_empty()) {
             return None;
         }
-        let mut locations = Vec::with_capacity(indexes.len() + packed.len() / 16);
-        for i in indexes {
-            locations.push(*location_ids.get(i as usize)?);
-        }
-        for c in packed.chunks_exact(16) {
-            let l = id(c)?;
-            if !symbols.locations.contains_key(&l) {
-                return None;
+        let sid = id(sid)?;
+        let keep = !k.stacks.contains_key(&sid);
+        let mut locations = Vec::with_capacity(if keep {
+            indexes.len() + packed.len() / 16
+        } else {
+            0
+        });
+        for &i in &indexes {
+            let l = *location_ids.get(i as usize)?;
+            if keep {
+                locations.push(l);
             }
-            locations.push(l);
         }
-        symbols.stacks.insert(id(sid)?, model::Stack { locations });
+        if !packed.is_empty() {
+            let set = location_set.get_or_insert_with(|| location_ids.iter().copied().collect());
+            for c in packed.chunks_exact(16) {
+                let l = id(c)?;
+                if !set.contains(&l) {
+                    return None;
+                }
+                if keep {
+                    locations.push(l);
+                }
+            }
+        }
+        if known.is_some() {
+            stack_ids.insert(sid);
+        }
+        if keep {
+            symbols.stacks.insert(sid, model::Stack { locations });
+        }
     }
     let mut profiles = Vec::with_capacity(top.profiles.len());
     for b in top.profiles {
@@ -346,7 +403,12 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
                         Some(())
                     })?;
                     let stack = id(stack)?;
-                    if !symbols.stacks.contains_key(&stack) {
+                    let defined = if known.is_some() {
+                        stack_ids.contains(&stack)
+                    } else {
+                        symbols.stacks.contains_key(&stack)
+                    };
+                    if !defined {
                         return None;
                     }
                     samples.push(model::Sample { stack, value });
@@ -384,7 +446,73 @@ mod tests {
         let prost = decode_write_request_prost(b);
         assert_eq!(fast.is_ok(), prost.is_ok(), "{fast:?} / {prost:?}");
         assert_eq!(fast.ok(), prost.ok());
-        decode_direct(b).is_some()
+        let direct = decode_direct(b);
+        // Leaving known symbols out accepts and refuses the same records,
+        // and gives the rest.
+        let known = half_known();
+        let skipping = decode_skipping(b, |_| Some(&known));
+        assert_eq!(skipping.is_some(), direct.is_some());
+        if let (Some(all), Some(part)) = (&direct, &skipping) {
+            assert_eq!(part.profiles, all.profiles);
+            assert_eq!(part.symbols, minus(&all.symbols, &known));
+        }
+        direct.is_some()
+    }
+
+    /// Every other symbol of the test batch, by table.
+    fn half_known() -> model::Symbols {
+        fn half<V: Clone>(m: &model::IdMap<V>) -> model::IdMap<V> {
+            let mut keys: Vec<_> = m.keys().copied().collect();
+            keys.sort();
+            keys.iter().step_by(2).map(|k| (*k, m[k].clone())).collect()
+        }
+        let s = crate::encode::tests::batch().symbols;
+        model::Symbols {
+            stacks: half(&s.stacks),
+            locations: half(&s.locations),
+            functions: half(&s.functions),
+            mappings: half(&s.mappings),
+            frame_index: None,
+        }
+    }
+
+    /// `all` without the entries whose ids `known` holds.
+    fn minus(all: &model::Symbols, known: &model::Symbols) -> model::Symbols {
+        fn without<V: Clone, W>(m: &model::IdMap<V>, k: &model::IdMap<W>) -> model::IdMap<V> {
+            m.iter()
+                .filter(|(id, _)| !k.contains_key(*id))
+                .map(|(id, v)| (*id, v.clone()))
+                .collect()
+        }
+        model::Symbols {
+            stacks: without(&all.stacks, &known.stacks),
+            locations: without(&all.locations, &known.locations),
+            functions: without(&all.functions, &known.functions),
+            mappings: without(&all.mappings, &known.mappings),
+            frame_index: None,
+        }
+    }
+
+    /// The head holds what it skipped: applying the rest to it gives the
+    /// whole table; a tenant without a table gets everything.
+    #[test]
+    fn skipping_leaves_out_what_is_known() {
+        let b = crate::encode::tests::batch();
+        let rec = encode_write_request(&b);
+        let known = half_known();
+        assert!(!known.stacks.is_empty() && !known.locations.is_empty());
+        let part = decode_skipping(&rec, |t| (t == "team-a").then_some(&known)).unwrap();
+        assert!(part.symbols.stacks.len() < b.symbols.stacks.len());
+        assert!(part.symbols.locations.len() < b.symbols.locations.len());
+        let mut head = known.clone();
+        head.merge_owned(part.symbols);
+        assert_eq!(head, b.symbols);
+        assert_eq!(part.profiles, b.profiles);
+        let other = decode_skipping(&rec, |t| (t == "team-b").then_some(&known)).unwrap();
+        assert_eq!(other, b);
+        let v2 = crate::write_request_format2(&b).encode_to_vec();
+        let part = decode_skipping(&v2, |_| Some(&known)).unwrap();
+        assert_eq!(part.symbols, minus(&b.symbols, &known));
     }
 
     #[test]
