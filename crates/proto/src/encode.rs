@@ -132,7 +132,9 @@ pub(crate) struct StackFrames<'a> {
 
 impl<'a> StackFrames<'a> {
     pub(crate) fn new(s: &'a model::Symbols) -> Self {
-        if let Some(f) = s.frame_index.as_deref().and_then(|fi| Self::indexed(s, fi)) {
+        if let Some(fi) = s.frame_index.as_deref().filter(|fi| fi.matches(s))
+            && let Some(f) = Self::indexed(s, fi)
+        {
             return f;
         }
         let index: Option<model::IdMap<u32>> = u32::try_from(s.locations.len()).ok().map(|_| {
@@ -176,47 +178,33 @@ impl<'a> StackFrames<'a> {
         }
     }
 
-    /// From `fi`, every stack by index, if `fi` still describes `s` (what
-    /// [`model::FrameIndex::matches`] checks, here in the same pass that
-    /// collects the entries: one lookup per location and per stack).
+    /// From `fi`, which [`model::FrameIndex::matches`] `s`: every stack
+    /// by index.
     fn indexed(s: &'a model::Symbols, fi: &'a model::FrameIndex) -> Option<Self> {
-        let n = fi.locations.len();
-        if n != s.locations.len() || fi.stacks.len() != s.stacks.len() || u32::try_from(n).is_err()
-        {
-            return None;
-        }
-        let locations = fi
-            .locations
-            .iter()
-            .map(|id| s.locations.get_key_value(id))
-            .collect::<Option<_>>()?;
-        let mut stacks = Vec::with_capacity(fi.stacks.len());
         let mut frames = Vec::with_capacity(fi.stacks.len());
         let mut start = 0;
-        for (id, end) in &fi.stacks {
-            let end = *end as usize;
-            let (id, st) = s.stacks.get_key_value(id)?;
-            let ix = fi.indexes.get(start..end)?;
-            if ix.len() != st.locations.len() {
-                return None;
-            }
-            let mut packed = 0;
-            for &i in ix {
-                if i as usize >= n {
-                    return None;
-                }
-                packed += encoded_len_varint(u64::from(i));
-            }
-            stacks.push((id, st));
+        for &(_, end) in &fi.stacks {
+            let end = end as usize;
+            let packed = fi
+                .indexes
+                .get(start..end)?
+                .iter()
+                .map(|&i| encoded_len_varint(u64::from(i)))
+                .sum();
             frames.push(Some((start, end, packed)));
             start = end;
         }
-        if start != fi.indexes.len() {
-            return None;
-        }
         Some(StackFrames {
-            locations,
-            stacks,
+            locations: fi
+                .locations
+                .iter()
+                .map(|id| s.locations.get_key_value(id))
+                .collect::<Option<_>>()?,
+            stacks: fi
+                .stacks
+                .iter()
+                .map(|(id, _)| s.stacks.get_key_value(id))
+                .collect::<Option<_>>()?,
             indexes: std::borrow::Cow::Borrowed(&fi.indexes),
             frames,
         })
