@@ -186,18 +186,7 @@ fn normalize_protobuf(
         return None;
     }
     let counts = wire::prescan(data).ok()?;
-    for (count, limit) in [
-        (counts.sample_types, limits.max_sample_types),
-        (counts.samples, limits.max_samples),
-        (counts.mappings, limits.max_mappings),
-        (counts.locations, limits.max_locations),
-        (counts.functions, limits.max_functions),
-        (counts.strings, limits.max_strings),
-    ] {
-        if count > limit {
-            return None;
-        }
-    }
+    check_counts(&counts, limits).ok()?;
     let (p, budget) = wire::decode_tables(data, &counts, limits.max_decoded_bytes, false).ok()?;
     // Everything but the samples, which are checked as they are read.
     validate(&p, limits).ok()?;
@@ -235,6 +224,16 @@ impl crate::normalize::Samples for CheckedSamples<'_> {
     }
 }
 
+/// The table sizes [`wire::prescan`] counted, against `limits`.
+fn check_counts(counts: &wire::Counts, limits: &Limits) -> Result<(), DecodeError> {
+    check_limit("sample types", counts.sample_types, limits.max_sample_types)?;
+    check_limit("samples", counts.samples, limits.max_samples)?;
+    check_limit("mappings", counts.mappings, limits.max_mappings)?;
+    check_limit("locations", counts.locations, limits.max_locations)?;
+    check_limit("functions", counts.functions, limits.max_functions)?;
+    check_limit("strings", counts.strings, limits.max_strings)
+}
+
 fn check_limit(what: &'static str, count: usize, limit: usize) -> Result<(), DecodeError> {
     if count > limit {
         return Err(DecodeError::LimitExceeded { what, count, limit });
@@ -245,12 +244,7 @@ fn check_limit(what: &'static str, count: usize, limit: usize) -> Result<(), Dec
 fn decode_protobuf(data: &[u8], limits: &Limits) -> Result<pprof::Profile, DecodeError> {
     let not = |protobuf: String| DecodeError::NotAProfile { protobuf };
     let counts = wire::prescan(data).map_err(|e| not(e.to_string()))?;
-    check_limit("sample types", counts.sample_types, limits.max_sample_types)?;
-    check_limit("samples", counts.samples, limits.max_samples)?;
-    check_limit("mappings", counts.mappings, limits.max_mappings)?;
-    check_limit("locations", counts.locations, limits.max_locations)?;
-    check_limit("functions", counts.functions, limits.max_functions)?;
-    check_limit("strings", counts.strings, limits.max_strings)?;
+    check_counts(&counts, limits)?;
     wire::decode_profile(data, &counts, limits.max_decoded_bytes).map_err(|e| match e {
         wire::WireError::Malformed(e) => not(e.to_string()),
         wire::WireError::TooBig => DecodeError::DecodedTooLarge {

@@ -292,12 +292,9 @@ pub(crate) fn decode_skipping<'k>(
     }
     // Every location id of the record, once a format-2 stack names one.
     let mut location_set: Option<model::IdSet> = None;
-    // Every stack id of the record, which samples must name (when some
-    // are left out of `symbols`).
-    let mut stack_ids = model::IdSet::default();
-    if known.is_some() {
-        stack_ids.reserve(top.stacks.len());
-    }
+    // The record's stacks left out of `symbols` as known: samples may
+    // name them too.
+    let mut skipped_stacks = model::IdSet::default();
     // One stack's indexes, reused.
     let mut indexes: Vec<u32> = Vec::new();
     for b in top.stacks {
@@ -360,11 +357,10 @@ pub(crate) fn decode_skipping<'k>(
                 }
             }
         }
-        if known.is_some() {
-            stack_ids.insert(sid);
-        }
         if keep {
             symbols.stacks.insert(sid, model::Stack { locations });
+        } else {
+            skipped_stacks.insert(sid);
         }
     }
     let mut profiles = Vec::with_capacity(top.profiles.len());
@@ -403,12 +399,7 @@ pub(crate) fn decode_skipping<'k>(
                         Some(())
                     })?;
                     let stack = id(stack)?;
-                    let defined = if known.is_some() {
-                        stack_ids.contains(&stack)
-                    } else {
-                        symbols.stacks.contains_key(&stack)
-                    };
-                    if !defined {
+                    if !symbols.stacks.contains_key(&stack) && !skipped_stacks.contains(&stack) {
                         return None;
                     }
                     samples.push(model::Sample { stack, value });
