@@ -1035,7 +1035,19 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     );
 }
 
+/// mimalloc as the server roles set it (cmd/src/alloc.rs): freed memory
+/// is kept, not purged, unless the environment sets `MIMALLOC_PURGE_DELAY`.
+#[allow(unsafe_code)]
+fn keep_freed_memory() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets one option (15: `mi_option_purge_delay`) of the
+        // running allocator, which mimalloc allows at any time.
+        unsafe { libmimalloc_sys::mi_option_set(15, -1) };
+    }
+}
+
 fn main() {
+    keep_freed_memory();
     // `cargo bench` passes --bench; a filter argument selects one part.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let want = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));

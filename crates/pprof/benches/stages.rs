@@ -29,6 +29,10 @@ use fathom_model::{IngestBatch, Labels, TenantId};
 use fathom_pprof::{Limits, NormalizeOptions, decode, decode_and_normalize, normalize};
 use prost::Message;
 
+/// Bytes of one row of a head's sample table (`fathom_block::samples_schema`:
+/// series, profile and stack ids of 16 bytes, time and value of 8).
+const HEAD_ROW_BYTES: usize = 64;
+
 /// Every protobuf pprof of the corpus with an expectation, uncompressed.
 fn corpus() -> Vec<Vec<u8>> {
     use std::io::Read;
@@ -107,6 +111,12 @@ fn main() {
         .iter()
         .map(fathom_proto::encode_write_request)
         .collect();
+    let rows: usize = batches.iter().map(IngestBatch::sample_count).sum();
+    let stacks: usize = batches.iter().map(|b| b.symbols.stacks.len()).sum();
+    println!(
+        "info: {rows} sample rows ({:.1} bytes of pprof a row; a head row is {HEAD_ROW_BYTES} bytes), {stacks} stacks (summed over files)",
+        total as f64 / rows.max(1) as f64,
+    );
     let v3_total: usize = records.iter().map(Vec::len).sum();
     let v2_total: usize = batches
         .iter()
