@@ -266,6 +266,22 @@ fn writer(dir: PathBuf, mut seg: u64, mut file: File, rx: mpsc::Receiver<Cmd>, m
     }
 }
 
+/// Asks the kernel to drop `file`'s pages, all written and synced, from
+/// the page cache. Nothing reads them again except a replay after a
+/// restart, and kept they only grow the cache: every append then copies
+/// into newly allocated pages (a fifth of a cluster ingester's CPU in
+/// `docs/benchmarks.md`) and pushes out pages that queries read. The
+/// advice covers the whole segment, not just the bytes of this commit:
+/// the cache holds large folios, and a folio is only dropped when the
+/// range covers all of it, which a commit's unaligned range rarely does
+/// (ranges already dropped cost nothing to walk). Dropping clean pages
+/// loses nothing; it is advice, so a refusal is only logged.
+fn drop_from_page_cache(file: &File) {
+    if let Err(e) = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed) {
+        tracing::debug!(error = %e, "could not drop written wal pages from the page cache");
+    }
+}
+
 /// Writes and fsyncs `buf`, then answers every pending append.
 fn commit(
     dir: &Path,
@@ -286,6 +302,9 @@ fn commit(
             path: path.clone(),
             source,
         });
+    if r.is_ok() {
+        drop_from_page_cache(file);
+    }
     m.bytes.inc_by(buf.len() as u64);
     m.fsyncs.inc();
     buf.clear();
@@ -367,6 +386,50 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(50));
         let (_wal, n) = Wal::open(dir.path(), WalMetrics::default(), |_| {}).unwrap();
         assert_eq!(n, 0);
+    }
+
+    /// Bytes of `path` in the page cache, by util-linux's `fincore`.
+    fn resident_bytes(path: &Path) -> u64 {
+        let out = std::process::Command::new("fincore")
+            .args(["--bytes", "--noheadings", "--raw", "--output", "RES"])
+            .arg(path)
+            .output()
+            .expect("this test needs util-linux's fincore on the PATH");
+        assert!(out.status.success(), "fincore: {out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("fincore printed {out:?}: {e}"))
+    }
+
+    #[tokio::test]
+    async fn appended_records_leave_the_page_cache_and_replay_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), WalMetrics::default(), |_| {}).unwrap();
+        let records: Vec<bytes::Bytes> = (0..64u8)
+            .map(|i| bytes::Bytes::from(vec![i; 64 << 10]))
+            .collect();
+        for r in &records {
+            wal.append(r.clone()).await.unwrap();
+        }
+        let seg = *segments(dir.path()).unwrap().last().unwrap();
+        let path = segment_path(dir.path(), seg);
+        let written = fs::metadata(&path).unwrap().len();
+        assert!(written > 4 << 20, "{written} bytes written");
+        // Synced pages are dropped as they are written: at most the
+        // partial pages at the ends of commits remain.
+        let resident = resident_bytes(&path);
+        assert!(
+            resident < written / 8,
+            "{resident} of {written} bytes of the segment still in the page cache"
+        );
+        drop(wal);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut got = Vec::new();
+        let (_wal, n) =
+            Wal::open(dir.path(), WalMetrics::default(), |r| got.push(r.to_vec())).unwrap();
+        assert_eq!(n, records.len());
+        assert!(got.iter().zip(&records).all(|(g, r)| g[..] == r[..]));
     }
 
     #[tokio::test]
