@@ -175,11 +175,13 @@ pub fn decode_write_request(record: &[u8]) -> Result<model::IngestBatch, Convert
 }
 
 /// [`decode_write_request`] for a table that already holds many of the
-/// record's symbols (an ingester's head): functions, mappings, locations
-/// and stacks that `known(tenant)` holds are read and checked as usual
-/// but left out of the batch's symbols, so that they are not copied only
-/// to be dropped when the batch is applied. The record is accepted or
-/// refused exactly as [`decode_write_request`] does; every reference is
+/// record's symbols (an ingester's head): the batch's symbols are what the
+/// record's stacks that `known(tenant)` lacks reach, without what it
+/// holds, so that known symbols are neither looked up one by one nor
+/// copied only to be dropped when the batch is applied. `known` must be
+/// closed (a stack's locations, a location's functions and mapping come
+/// with it), as a head's table is. The record is read, and accepted or
+/// refused, exactly as [`decode_write_request`] does; every reference is
 /// checked against the record itself. A record that takes the prost path
 /// gives every symbol.
 pub fn decode_write_request_skipping<'k>(

@@ -160,11 +160,19 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
     decode_skipping(record, |_| None)
 }
 
-/// [`decode_direct`], leaving out of the batch's symbols every function,
-/// mapping, location and stack that `known(tenant)` already holds: they
-/// are read and checked all the same (the record is accepted or refused
-/// exactly as [`decode_direct`] does), but not copied. Every reference is
-/// checked against the record, never against `known`.
+/// [`decode_direct`], leaving out of the batch's symbols what
+/// `known(tenant)` already holds: the record is read and checked all the
+/// same (it is accepted or refused exactly as [`decode_direct`] does), and
+/// every reference is checked against the record, never against `known`.
+///
+/// `known` must be closed, as a head's table is: with a stack, it holds
+/// the stack's locations, and with a location, its functions and mapping.
+/// Then only the stacks need a lookup: a known stack brings nothing, and
+/// only the locations of the new stacks, and the functions and mappings
+/// of the new locations, are looked up and copied. In a steady stream
+/// most stacks are known, so most of the record's symbols cost no lookup
+/// in the (large) table at all. Symbols that no stack of the record
+/// reaches are left out. Without `known` everything is copied.
 pub(crate) fn decode_skipping<'k>(
     record: &[u8],
     known: impl FnOnce(&str) -> Option<&'k model::Symbols>,
@@ -191,8 +199,6 @@ pub(crate) fn decode_skipping<'k>(
     };
     let tenant = model::TenantId::new(top.tenant).ok()?;
     let known = known(top.tenant);
-    let empty = model::Symbols::default();
-    let k = known.unwrap_or(&empty);
     let mut symbols = model::Symbols::default();
     if known.is_none() {
         symbols.functions.reserve(top.functions.len());
@@ -200,9 +206,9 @@ pub(crate) fn decode_skipping<'k>(
         symbols.locations.reserve(top.locations.len());
         symbols.stacks.reserve(top.stacks.len());
     }
-    // Location ids in wire order: what format 3's stacks index, and what
-    // format 2's stacks must name.
-    let mut location_ids = Vec::with_capacity(top.locations.len());
+    // Every table is read (and checked) first, borrowing its strings; what
+    // is copied is decided once the stacks are known.
+    let mut functions = Vec::with_capacity(top.functions.len());
     for b in top.functions {
         let (mut name, mut system_name, mut filename, mut start_line, mut fid) =
             ("", "", "", 0i64, &[][..]);
@@ -217,19 +223,9 @@ pub(crate) fn decode_skipping<'k>(
             }
             Some(())
         })?;
-        let fid = id(fid)?;
-        if !k.functions.contains_key(&fid) {
-            symbols.functions.insert(
-                fid,
-                model::Function {
-                    name: name.to_owned(),
-                    system_name: system_name.to_owned(),
-                    filename: filename.to_owned(),
-                    start_line,
-                },
-            );
-        }
+        functions.push((id(fid)?, [name, system_name, filename], start_line));
     }
+    let mut mappings = Vec::with_capacity(top.mappings.len());
     for b in top.mappings {
         let mut m = model::Mapping::default();
         let (mut filename, mut build_id, mut mid) = ("", "", &[][..]);
@@ -245,23 +241,21 @@ pub(crate) fn decode_skipping<'k>(
             }
             Some(())
         })?;
-        let mid = id(mid)?;
-        if !k.mappings.contains_key(&mid) {
-            m.filename = filename.to_owned();
-            m.build_id = build_id.to_owned();
-            symbols.mappings.insert(mid, m);
-        }
+        mappings.push((id(mid)?, m, filename, build_id));
     }
-    // One location's lines, reused.
+    // Location ids in wire order (what format 3's stacks index, and what
+    // format 2's stacks must name), each location's mapping and address,
+    // and its lines as a range of `lines`.
+    let mut location_ids = Vec::with_capacity(top.locations.len());
+    let mut locations = Vec::with_capacity(top.locations.len());
     let mut lines: Vec<model::Line> = Vec::new();
     for b in top.locations {
-        let mut loc = model::Location::default();
-        lines.clear();
-        let (mut mapping, mut lid) = (&[][..], &[][..]);
+        let first = lines.len();
+        let (mut mapping, mut lid, mut address) = (&[][..], &[][..], 0u64);
         each(b, |f| {
             match f.number {
                 1 => mapping = f.value.bytes()?,
-                2 => loc.address = f.value.varint()?,
+                2 => address = f.value.varint()?,
                 3 => {
                     let (mut function, mut line) = (&[][..], 0i64);
                     each(f.value.bytes()?, |g| {
@@ -282,20 +276,18 @@ pub(crate) fn decode_skipping<'k>(
             }
             Some(())
         })?;
-        loc.mapping = id(mapping)?;
-        let lid = id(lid)?;
-        location_ids.push(lid);
-        if !k.locations.contains_key(&lid) {
-            loc.lines = lines.clone();
-            symbols.locations.insert(lid, loc);
-        }
+        location_ids.push(id(lid)?);
+        locations.push((id(mapping)?, address, first..lines.len()));
     }
-    // Every location id of the record, once a format-2 stack names one.
-    let mut location_set: Option<model::IdSet> = None;
+    // Format 2's stacks name locations by id: their positions, once one
+    // does.
+    let mut location_at: Option<model::IdMap<u32>> = None;
     // The record's stacks left out of `symbols` as known: samples may
     // name them too.
     let mut skipped_stacks = model::IdSet::default();
-    // One stack's indexes, reused.
+    // The locations (by position) that a new stack names.
+    let mut needed = vec![known.is_none(); location_ids.len()];
+    // One stack's positions, reused.
     let mut indexes: Vec<u32> = Vec::new();
     for b in top.stacks {
         let (mut sid, mut packed, mut per_frame) = (&[][..], &[][..], false);
@@ -332,35 +324,80 @@ pub(crate) fn decode_skipping<'k>(
         if per_frame || packed.len() % 16 != 0 || (!packed.is_empty() && !indexes.is_empty()) {
             return None;
         }
+        if !packed.is_empty() {
+            let at = location_at.get_or_insert_with(|| {
+                location_ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| (*l, i as u32))
+                    .collect()
+            });
+            for c in packed.chunks_exact(16) {
+                indexes.push(*at.get(&id(c)?)?);
+            }
+        }
         let sid = id(sid)?;
-        let keep = !k.stacks.contains_key(&sid);
-        let mut locations = Vec::with_capacity(if keep {
-            indexes.len() + packed.len() / 16
-        } else {
-            0
-        });
+        let keep = known.is_none_or(|k| !k.stacks.contains_key(&sid));
+        let mut stack = Vec::with_capacity(if keep { indexes.len() } else { 0 });
         for &i in &indexes {
             let l = *location_ids.get(i as usize)?;
             if keep {
-                locations.push(l);
-            }
-        }
-        if !packed.is_empty() {
-            let set = location_set.get_or_insert_with(|| location_ids.iter().copied().collect());
-            for c in packed.chunks_exact(16) {
-                let l = id(c)?;
-                if !set.contains(&l) {
-                    return None;
-                }
-                if keep {
-                    locations.push(l);
-                }
+                stack.push(l);
+                needed[i as usize] = true;
             }
         }
         if keep {
-            symbols.stacks.insert(sid, model::Stack { locations });
+            symbols
+                .stacks
+                .insert(sid, model::Stack { locations: stack });
         } else {
             skipped_stacks.insert(sid);
+        }
+    }
+    // The new stacks' locations that are new, then their functions and
+    // mappings that are new.
+    let mut new_functions = model::IdSet::default();
+    let mut new_mappings = model::IdSet::default();
+    for (i, (&lid, (mapping, address, range))) in location_ids.iter().zip(&locations).enumerate() {
+        if !needed[i] || known.is_some_and(|k| k.locations.contains_key(&lid)) {
+            continue;
+        }
+        let loc_lines = lines.get(range.clone())?;
+        if known.is_some() {
+            new_mappings.insert(*mapping);
+            new_functions.extend(loc_lines.iter().map(|l| l.function));
+        }
+        symbols.locations.insert(
+            lid,
+            model::Location {
+                mapping: *mapping,
+                address: *address,
+                lines: loc_lines.to_vec(),
+            },
+        );
+    }
+    let wanted = |set: &model::IdSet, k: fn(&model::Symbols, &Id) -> bool, id: &Id| match known {
+        None => true,
+        Some(known) => set.contains(id) && !k(known, id),
+    };
+    for (fid, [name, system_name, filename], start_line) in functions {
+        if wanted(&new_functions, |k, id| k.functions.contains_key(id), &fid) {
+            symbols.functions.insert(
+                fid,
+                model::Function {
+                    name: name.to_owned(),
+                    system_name: system_name.to_owned(),
+                    filename: filename.to_owned(),
+                    start_line,
+                },
+            );
+        }
+    }
+    for (mid, mut m, filename, build_id) in mappings {
+        if wanted(&new_mappings, |k, id| k.mappings.contains_key(id), &mid) {
+            m.filename = filename.to_owned();
+            m.build_id = build_id.to_owned();
+            symbols.mappings.insert(mid, m);
         }
     }
     let mut profiles = Vec::with_capacity(top.profiles.len());
@@ -445,26 +482,35 @@ mod tests {
         assert_eq!(skipping.is_some(), direct.is_some());
         if let (Some(all), Some(part)) = (&direct, &skipping) {
             assert_eq!(part.profiles, all.profiles);
-            assert_eq!(part.symbols, minus(&all.symbols, &known));
+            assert_eq!(part.symbols, new_part(&all.symbols, &known));
         }
         direct.is_some()
     }
 
-    /// Every other symbol of the test batch, by table.
+    /// A closed part of the test batch's symbols, as a head holds them:
+    /// its stacks with frames, every other one, with everything they reach.
     fn half_known() -> model::Symbols {
-        fn half<V: Clone>(m: &model::IdMap<V>) -> model::IdMap<V> {
-            let mut keys: Vec<_> = m.keys().copied().collect();
-            keys.sort();
-            keys.iter().step_by(2).map(|k| (*k, m[k].clone())).collect()
-        }
         let s = crate::encode::tests::batch().symbols;
-        model::Symbols {
-            stacks: half(&s.stacks),
-            locations: half(&s.locations),
-            functions: half(&s.functions),
-            mappings: half(&s.mappings),
-            frame_index: None,
-        }
+        let mut stacks: Vec<_> = s
+            .stacks
+            .iter()
+            .filter(|(_, st)| !st.locations.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        stacks.sort();
+        s.subset(stacks.iter().step_by(2))
+    }
+
+    /// What skipping `known` leaves of `all`: what the stacks that `known`
+    /// lacks reach, without what `known` holds.
+    fn new_part(all: &model::Symbols, known: &model::Symbols) -> model::Symbols {
+        let new: Vec<Id> = all
+            .stacks
+            .keys()
+            .filter(|s| !known.stacks.contains_key(*s))
+            .copied()
+            .collect();
+        minus(&all.subset(&new), known)
     }
 
     /// `all` without the entries whose ids `known` holds.
@@ -488,22 +534,59 @@ mod tests {
     /// whole table; a tenant without a table gets everything.
     #[test]
     fn skipping_leaves_out_what_is_known() {
-        let b = crate::encode::tests::batch();
-        let rec = encode_write_request(&b);
+        let mut b = crate::encode::tests::batch();
         let known = half_known();
         assert!(!known.stacks.is_empty() && !known.locations.is_empty());
+        // A new stack through a known location and a new one, whose
+        // function is new and whose mapping is known.
+        let (&l1, old) = known
+            .locations
+            .iter()
+            .find(|(_, l)| l.mapping != Id::ZERO)
+            .unwrap();
+        let f3 = b.symbols.add_function(model::Function {
+            name: "new".into(),
+            ..Default::default()
+        });
+        let l3 = b.symbols.add_location(model::Location {
+            mapping: old.mapping,
+            address: 0x9999,
+            lines: vec![model::Line {
+                function: f3,
+                line: 1,
+            }],
+        });
+        let st3 = b.symbols.add_stack(model::Stack {
+            locations: vec![l3, l1],
+        });
+        b.profiles[0].samples.push(model::Sample {
+            stack: st3,
+            value: 5,
+        });
+        let rec = encode_write_request(&b);
         let part = decode_skipping(&rec, |t| (t == "team-a").then_some(&known)).unwrap();
+        assert!(part.symbols.stacks.contains_key(&st3));
+        assert!(part.symbols.locations.contains_key(&l3));
+        assert!(part.symbols.functions.contains_key(&f3));
+        assert!(!part.symbols.locations.contains_key(&l1));
+        assert!(!part.symbols.mappings.contains_key(&old.mapping));
         assert!(part.symbols.stacks.len() < b.symbols.stacks.len());
-        assert!(part.symbols.locations.len() < b.symbols.locations.len());
+        assert_eq!(part.symbols, new_part(&b.symbols, &known));
+        assert_eq!(part.profiles, b.profiles);
         let mut head = known.clone();
         head.merge_owned(part.symbols);
         assert_eq!(head, b.symbols);
-        assert_eq!(part.profiles, b.profiles);
+        // Nothing of a known stack is copied, however much of the record
+        // it covers.
+        let all_known = decode_skipping(&rec, |_| Some(&b.symbols)).unwrap();
+        assert_eq!(all_known.symbols, model::Symbols::default());
+        assert_eq!(all_known.profiles, b.profiles);
         let other = decode_skipping(&rec, |t| (t == "team-b").then_some(&known)).unwrap();
         assert_eq!(other, b);
         let v2 = crate::write_request_format2(&b).encode_to_vec();
         let part = decode_skipping(&v2, |_| Some(&known)).unwrap();
-        assert_eq!(part.symbols, minus(&b.symbols, &known));
+        assert_eq!(part.symbols, new_part(&b.symbols, &known));
+        assert!(part.symbols.locations.contains_key(&l3));
     }
 
     #[test]
