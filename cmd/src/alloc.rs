@@ -8,9 +8,9 @@
 //! its memory budget is tuned for glibc (`crates/agent/src/mem.rs`).
 //!
 //! mimalloc keeps the memory it frees: purging it (returning it to the
-//! OS 10 ms after it falls free, mimalloc's default) made every request
-//! fault in, and the kernel zero, the pages its decode buffers and symbol
-//! tables had just given back; without purging, single-process ingest ran
+//! OS a second after it falls free, mimalloc v3's default) made requests
+//! fault in, and the kernel zero, pages that decode buffers and symbol
+//! tables had given back; without purging, single-process ingest ran
 //! 15-25 % faster with no higher head RSS (docs/benchmarks.md). Memory
 //! freed by a head cut is then reused by the next head instead of being
 //! returned. `MIMALLOC_PURGE_DELAY` in the environment still wins.
@@ -130,8 +130,9 @@ mod tests {
             assert!(!is_mimalloc(before), "glibc until the switch");
             assert!(!is_mimalloc(std::ptr::null_mut()));
             if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-                // The option's documented default: the index names it.
-                assert_eq!(purge_delay(), 10, "mimalloc's default purge delay");
+                // The option's default in mimalloc v3 (src/options.c): the
+                // index names it.
+                assert_eq!(purge_delay(), 1000, "mimalloc's default purge delay");
             }
             use_mimalloc();
             if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
