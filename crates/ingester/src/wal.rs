@@ -302,9 +302,6 @@ fn commit(
             path: path.clone(),
             source,
         });
-    if r.is_ok() {
-        drop_from_page_cache(file);
-    }
     m.bytes.inc_by(buf.len() as u64);
     m.fsyncs.inc();
     buf.clear();
@@ -316,6 +313,10 @@ fn commit(
                 source: std::io::Error::other(e.to_string()),
             }),
         });
+    }
+    // After the answers: the advice is not part of the acknowledgement.
+    if r.is_ok() {
+        drop_from_page_cache(file);
     }
     r
 }

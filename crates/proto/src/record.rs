@@ -376,12 +376,8 @@ pub(crate) fn decode_skipping<'k>(
             },
         );
     }
-    let wanted = |set: &model::IdSet, k: fn(&model::Symbols, &Id) -> bool, id: &Id| match known {
-        None => true,
-        Some(known) => set.contains(id) && !k(known, id),
-    };
     for (fid, [name, system_name, filename], start_line) in functions {
-        if wanted(&new_functions, |k, id| k.functions.contains_key(id), &fid) {
+        if known.is_none_or(|k| new_functions.contains(&fid) && !k.functions.contains_key(&fid)) {
             symbols.functions.insert(
                 fid,
                 model::Function {
@@ -394,7 +390,7 @@ pub(crate) fn decode_skipping<'k>(
         }
     }
     for (mid, mut m, filename, build_id) in mappings {
-        if wanted(&new_mappings, |k, id| k.mappings.contains_key(id), &mid) {
+        if known.is_none_or(|k| new_mappings.contains(&mid) && !k.mappings.contains_key(&mid)) {
             m.filename = filename.to_owned();
             m.build_id = build_id.to_owned();
             symbols.mappings.insert(mid, m);
