@@ -1,8 +1,9 @@
-//! Ingester write records (`WriteRequest`, formats 0, 2 and 3), as a
+//! Ingester write records (`WriteRequest`, formats 0, 2, 3 and 4), as a
 //! replica and a WAL replay decode them. The direct decoder and the prost
 //! path must agree on every input. The first byte chooses: the rest is a
-//! record (0), or a pprof (1) that is normalized and written as a format-3
-//! record and as a format-2 one, which must both read back as the batch.
+//! record (0), or a pprof (1) that is normalized and written as a format-4
+//! record and as format-3 and format-2 ones, which must all read back as
+//! the batch.
 #![no_main]
 
 mod limits;
@@ -35,7 +36,10 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         profiles: n.profiles,
         symbols: n.symbols,
     };
-    let v3 = fathom_proto::encode_write_request(&batch);
+    let v4 = fathom_proto::encode_write_request(&batch);
+    assert_eq!(fathom_proto::decode_write_request(&v4).ok(), Some(batch.clone()));
+    agree(&v4);
+    let v3 = fathom_proto::write_request_format3(&batch).encode_to_vec();
     assert_eq!(fathom_proto::decode_write_request(&v3).ok(), Some(batch.clone()));
     agree(&v3);
     let v2 = fathom_proto::write_request_format2(&batch).encode_to_vec();

@@ -548,7 +548,7 @@ mod tests {
         let total: usize = fake.got.lock().iter().map(|g| g.1).sum();
         assert_eq!(total, 12);
         // Each group is encoded once: its three replicas get the same
-        // bytes, the record of that group's batch (format 3).
+        // bytes, the record of that group's batch (format 4).
         let records = fake.records.lock().clone();
         assert_eq!(records.len(), 12);
         for r in &records {

@@ -13,11 +13,12 @@
 //! ```
 //!
 //! A distributor's write arrives as the encoded record it made once
-//! (`fathom_proto::encode_write_request`, format 3: every symbol with its
-//! content-addressed id, stacks indexing the record's locations): its
-//! bytes are the WAL record, and the head takes the ids as sent and the
-//! batch's symbols by move. Replay reads records of format 0 (ids
-//! recomputed), 2 and 3, and refuses to start on any other
+//! (`fathom_proto::encode_write_request`, format 4: every symbol with its
+//! content-addressed id, stacks indexing the record's locations, samples
+//! indexing its stacks): its bytes are the WAL record, and the head takes
+//! the ids as sent and the batch's symbols by move. Replay reads records
+//! of format 0 (ids recomputed), 2, 3 and 4, and refuses to start on any
+//! other
 //! ([`Error::RecordVersion`]).
 //!
 //! Invariants:
@@ -361,7 +362,7 @@ impl Ingester {
     }
 
     /// [`Ingester::write`] of a replicated record: the encoded
-    /// `WriteRequest` a distributor sent (format 3: ids computed by the
+    /// `WriteRequest` a distributor sent (format 4: ids computed by the
     /// distributor), appended to the WAL exactly as received and applied
     /// to the head without recomputing any id. An undecodable record is
     /// refused ([`Error::Record`]) before anything is written.
@@ -1017,8 +1018,9 @@ mod tests {
     }
 
     /// A WAL written by the first record format (format 0: no symbol ids)
-    /// replays, the ids recomputed, to the same head, and so does one of
-    /// format 2 (stacks by location id); a record of a format
+    /// replays, the ids recomputed, to the same head, and so do ones of
+    /// format 2 (stacks by location id) and 3 (samples by stack id); a
+    /// record of a format
     /// this build does not know stops the start with an error that says
     /// what to do, instead of dropping acknowledged data.
     #[tokio::test]
@@ -1031,16 +1033,27 @@ mod tests {
         let b2 = batch("t1", 2, 7);
         let v2 = fathom_proto::write_request_format2(&b2);
         assert_eq!(v2.format_version, 2);
+        let b3 = batch("t1", 3, 9);
+        let v3 = fathom_proto::write_request_format3(&b3);
+        assert_eq!(v3.format_version, 3);
         let wal_dir = dir.path().join("wal");
-        wal::write_segment(&wal_dir, 1, &[&v0.encode_to_vec(), &v2.encode_to_vec()]);
+        wal::write_segment(
+            &wal_dir,
+            1,
+            &[
+                &v0.encode_to_vec(),
+                &v2.encode_to_vec(),
+                &v3.encode_to_vec(),
+            ],
+        );
         let store = Arc::new(InMemory::new());
         let index = Arc::new(MemoryIndex::default());
         let ing = open(dir.path(), store.clone(), index.clone());
         let t = TenantId::new("t1").unwrap();
         assert_eq!(
             total(&ing.snapshot(&t, 0, i64::MAX)),
-            5 + 7,
-            "both records replayed"
+            5 + 7 + 9,
+            "every record replayed"
         );
         let stack = b.profiles[0].samples[0].stack;
         assert_eq!(ing.symbols(&t, &[stack]), b.symbols);
@@ -1065,7 +1078,7 @@ mod tests {
         .err()
         .expect("an unknown record format refuses the start");
         assert!(
-            matches!(err, Error::RecordVersion { record: 3, .. }),
+            matches!(err, Error::RecordVersion { record: 4, .. }),
             "{err}"
         );
         let source = std::error::Error::source(&err).unwrap().to_string();

@@ -117,15 +117,15 @@ fn main() {
         "info: {rows} sample rows ({:.1} bytes of pprof a row; a head row is {HEAD_ROW_BYTES} bytes), {stacks} stacks (summed over files)",
         total as f64 / rows.max(1) as f64,
     );
-    let v3_total: usize = records.iter().map(Vec::len).sum();
-    let v2_total: usize = batches
-        .iter()
-        .map(|b| fathom_proto::write_request_format2(b).encoded_len())
-        .sum();
+    let v4_total: usize = records.iter().map(Vec::len).sum();
+    let older = |f: fn(&IngestBatch) -> fathom_proto::ingester::WriteRequest| {
+        batches.iter().map(|b| f(b).encoded_len()).sum::<usize>() as f64 / total as f64
+    };
     println!(
-        "figure record_bytes_per_pprof_byte: {:.2} ({v3_total} bytes of records for {total} bytes of pprof: what a distributor sends each replica and each WAL stores; format 2, stacks by location id: {:.2})",
-        v3_total as f64 / total as f64,
-        v2_total as f64 / total as f64,
+        "figure record_bytes_per_pprof_byte: {:.2} ({v4_total} bytes of records for {total} bytes of pprof: what a distributor sends each replica and each WAL stores; format 3, samples by stack id: {:.2}; format 2, stacks by location id too: {:.2})",
+        v4_total as f64 / total as f64,
+        older(fathom_proto::write_request_format3),
+        older(fathom_proto::write_request_format2),
     );
     let v0: Vec<Vec<u8>> = batches
         .iter()
@@ -295,7 +295,7 @@ fn main() {
     // distributor's pass plus one ingester pass per replica.
     let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);
     println!(
-        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 3 (distributor + 3 ingester decodes; WAL, head and network not included)",
+        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 4 (distributor + 3 ingester decodes; WAL, head and network not included)",
         per_write(ingester_v0),
         per_write(ingester_current),
     );

@@ -70,7 +70,25 @@ fn sample_len(s: &model::Sample) -> usize {
     bytes_len(1, &s.stack.0) + varint_len(2, s.value as u64)
 }
 
-fn profile_len(p: &model::Profile, profile_type: &str) -> usize {
+/// The samples' fields: format 4's columns when `stacks_len` (the packed
+/// length of the positions) is given, else one message per sample.
+fn samples_len(p: &model::Profile, stacks_len: Option<usize>) -> usize {
+    match stacks_len {
+        _ if p.samples.is_empty() => 0,
+        Some(n) => delimited_len(8, n) + delimited_len(9, values_len(p)),
+        None => repeated_len(7, &p.samples, sample_len),
+    }
+}
+
+/// The packed length of a profile's sample values.
+fn values_len(p: &model::Profile) -> usize {
+    p.samples
+        .iter()
+        .map(|x| encoded_len_varint(x.value as u64))
+        .sum()
+}
+
+fn profile_len(p: &model::Profile, profile_type: &str, stacks_len: Option<usize>) -> usize {
     bytes_len(1, &p.id.0)
         + bytes_len(2, profile_type.as_bytes())
         + p.labels
@@ -80,7 +98,7 @@ fn profile_len(p: &model::Profile, profile_type: &str) -> usize {
         + varint_len(4, p.time_nanos as u64)
         + varint_len(5, p.duration_nanos as u64)
         + varint_len(6, p.period as u64)
-        + repeated_len(7, &p.samples, sample_len)
+        + samples_len(p, stacks_len)
 }
 
 fn function_len(f: &model::Function) -> usize {
@@ -216,6 +234,65 @@ impl<'a> StackFrames<'a> {
         let (start, end, _) = (*self.frames.get(k)?)?;
         self.indexes.get(start..end)
     }
+
+    /// Every sample's stack of `profiles` as its position in `stacks`:
+    /// what format 4 writes.
+    pub(crate) fn sample_stacks(&self, profiles: &[model::Profile]) -> SampleStacks {
+        let position: model::IdMap<u32> = self
+            .stacks
+            .iter()
+            .enumerate()
+            .map(|(i, (id, _))| (**id, i as u32))
+            .collect();
+        let n = profiles.iter().map(|p| p.samples.len()).sum();
+        let mut out = SampleStacks {
+            positions: Vec::with_capacity(n),
+            profiles: Vec::with_capacity(profiles.len()),
+        };
+        for p in profiles {
+            let start = out.positions.len();
+            let mut packed = 0;
+            for x in &p.samples {
+                match position.get(&x.stack) {
+                    Some(&i) => {
+                        packed += encoded_len_varint(u64::from(i));
+                        out.positions.push(i);
+                    }
+                    None => break,
+                }
+            }
+            if out.positions.len() - start == p.samples.len() {
+                out.profiles
+                    .push(Some((start, out.positions.len(), packed)));
+            } else {
+                out.positions.truncate(start);
+                out.profiles.push(None);
+            }
+        }
+        out
+    }
+}
+
+/// Each profile's samples' stacks as positions among a record's stacks,
+/// or `None` for a profile with a sample whose stack the record lacks
+/// (written by id, as format 3: the receiver then refuses it).
+pub(crate) struct SampleStacks {
+    positions: Vec<u32>,
+    /// Per profile: its range in `positions` and the packed length.
+    profiles: Vec<Option<(usize, usize, usize)>>,
+}
+
+impl SampleStacks {
+    /// The `k`th profile's positions, if it is written by position.
+    pub(crate) fn of(&self, k: usize) -> Option<&[u32]> {
+        let (start, end, _) = (*self.profiles.get(k)?)?;
+        self.positions.get(start..end)
+    }
+
+    /// The packed length of the `k`th profile's positions.
+    fn packed_len(&self, k: usize) -> Option<usize> {
+        Some((*self.profiles.get(k)?)?.2)
+    }
 }
 
 fn stack_len(s: &model::Stack, frames: Option<(usize, usize, usize)>) -> usize {
@@ -229,7 +306,8 @@ fn stack_len(s: &model::Stack, frames: Option<(usize, usize, usize)>) -> usize {
 
 /// The bytes of `WriteRequest::from(b).encode_to_vec()` (format
 /// [`WRITE_FORMAT`](crate::WRITE_FORMAT): every symbol with its id, stacks
-/// naming the record's locations by index), without
+/// naming the record's locations by index, samples as columns naming the
+/// record's stacks by index), without
 /// building the message: same fields, same order (the symbol maps'
 /// iteration order), proto3 defaults omitted the way prost omits them.
 /// An id is 16 bytes, never empty, so prost writes it too (it omits only
@@ -237,6 +315,7 @@ fn stack_len(s: &model::Stack, frames: Option<(usize, usize, usize)>) -> usize {
 pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
     let s = &b.symbols;
     let frames = StackFrames::new(s);
+    let positions = frames.sample_stacks(&b.profiles);
     let types: Vec<String> = b
         .profiles
         .iter()
@@ -246,7 +325,8 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         .profiles
         .iter()
         .zip(&types)
-        .map(|(p, t)| profile_len(p, t))
+        .enumerate()
+        .map(|(k, (p, t))| profile_len(p, t, positions.packed_len(k)))
         .collect();
     let total = bytes_len(1, b.tenant.as_str().as_bytes())
         + repeated_len(2, &profile_lens, |&l| l)
@@ -262,7 +342,7 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         + varint_len(7, u64::from(crate::WRITE_FORMAT));
     let mut buf = Vec::with_capacity(total);
     put_bytes(&mut buf, 1, b.tenant.as_str().as_bytes());
-    for ((p, t), &len) in b.profiles.iter().zip(&types).zip(&profile_lens) {
+    for (k, ((p, t), &len)) in b.profiles.iter().zip(&types).zip(&profile_lens).enumerate() {
         put_header(&mut buf, 2, len);
         put_bytes(&mut buf, 1, &p.id.0);
         put_bytes(&mut buf, 2, t.as_bytes());
@@ -274,10 +354,25 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         put_varint(&mut buf, 4, p.time_nanos as u64);
         put_varint(&mut buf, 5, p.duration_nanos as u64);
         put_varint(&mut buf, 6, p.period as u64);
-        for x in &p.samples {
-            put_header(&mut buf, 7, sample_len(x));
-            put_bytes(&mut buf, 1, &x.stack.0);
-            put_varint(&mut buf, 2, x.value as u64);
+        match (positions.of(k), positions.packed_len(k)) {
+            _ if p.samples.is_empty() => {}
+            (Some(at), Some(packed)) => {
+                put_header(&mut buf, 8, packed);
+                for &i in at {
+                    encode_varint(u64::from(i), &mut buf);
+                }
+                put_header(&mut buf, 9, values_len(p));
+                for x in &p.samples {
+                    encode_varint(x.value as u64, &mut buf);
+                }
+            }
+            _ => {
+                for x in &p.samples {
+                    put_header(&mut buf, 7, sample_len(x));
+                    put_bytes(&mut buf, 1, &x.stack.0);
+                    put_varint(&mut buf, 2, x.value as u64);
+                }
+            }
         }
     }
     for (id, f) in &s.functions {
@@ -436,6 +531,51 @@ pub(crate) mod tests {
         // any dangling reference is, by both decoders.
         assert!(crate::decode_write_request(&rec).is_err());
         assert!(crate::decode_write_request_prost(&rec).is_err());
+    }
+
+    /// A profile with a sample whose stack the batch does not hold writes
+    /// its samples by id (format 3's field), the others as columns; the
+    /// record is refused by both decoders, as any dangling reference is.
+    #[test]
+    fn a_sample_outside_the_batch_keeps_its_id() {
+        let mut b = batch();
+        b.profiles[1].samples.push(model::Sample {
+            stack: model::Id([7; 16]),
+            value: 1,
+        });
+        let rec = encode_write_request(&b);
+        assert_eq!(rec, WriteRequest::from(&b).encode_to_vec());
+        let w = WriteRequest::decode(&rec[..]).unwrap();
+        assert_eq!(w.profiles[1].samples.len(), 3);
+        assert!(w.profiles[1].sample_stacks.is_empty());
+        assert_eq!(w.profiles[0].sample_stacks.len(), 2);
+        assert!(w.profiles[0].samples.is_empty());
+        assert!(matches!(
+            crate::decode_write_request(&rec),
+            Err(crate::ConvertError::UnknownStack)
+        ));
+        assert!(crate::decode_write_request_prost(&rec).is_err());
+    }
+
+    /// Format 4 is smaller than format 3 for the same batch: a sample
+    /// costs two varints instead of a message with a 16-byte id.
+    #[test]
+    fn format4_is_smaller_than_format3() {
+        let mut b = batch();
+        let st = *b.symbols.stacks.keys().next().unwrap();
+        b.profiles[0]
+            .samples
+            .extend((0..100).map(|value| model::Sample { stack: st, value }));
+        let v4 = encode_write_request(&b);
+        let v3 = crate::write_request_format3(&b).encode_to_vec();
+        assert!(
+            v4.len() + 100 * 18 < v3.len(),
+            "{} / {}",
+            v4.len(),
+            v3.len()
+        );
+        assert_eq!(crate::decode_write_request(&v3).unwrap(), b);
+        assert_eq!(crate::decode_write_request(&v4).unwrap(), b);
     }
 
     /// Format 3 is smaller than format 2 for the same batch: stacks cost a

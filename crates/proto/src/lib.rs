@@ -25,10 +25,13 @@
 //! same code). A format-2 stack names its locations by id (16 bytes per
 //! frame, one packed field); a format-3 stack by their index among the
 //! record's locations (a varint per frame), which makes a record about a
-//! third of the size. Format 0, the first one, has no ids and the receiver
-//! recomputes them from the content. A WAL written in format 0 or 2
-//! replays; any other version is refused with
-//! [`ConvertError::FormatVersion`].
+//! third of the size. A format-4 profile writes its samples as two
+//! columns, each sample's stack as its index among the record's stacks
+//! and its value (two varints instead of a message with a 16-byte id), so
+//! that a receiver finds a sample's stack by position, not by a lookup.
+//! Format 0, the first one, has no ids and the receiver recomputes them
+//! from the content. A WAL written in format 0, 2 or 3 replays; any other
+//! version is refused with [`ConvertError::FormatVersion`].
 
 #[allow(unreachable_pub, clippy::all)]
 mod encode;
@@ -37,9 +40,13 @@ mod record;
 pub use encode::encode_write_request;
 
 /// The format version of the `WriteRequest`s this build writes: symbols
-/// carry their ids, stacks index the record's locations (see the crate
-/// documentation).
-pub const WRITE_FORMAT: u32 = 3;
+/// carry their ids, stacks index the record's locations, samples index
+/// the record's stacks (see the crate documentation).
+pub const WRITE_FORMAT: u32 = 4;
+
+/// Symbols carry their ids, stacks index the record's locations, samples
+/// name their stack by id.
+pub const WRITE_FORMAT_V3: u32 = 3;
 
 /// Symbols carry their ids, stacks name their locations by id.
 pub const WRITE_FORMAT_V2: u32 = 2;
@@ -117,19 +124,58 @@ pub enum ConvertError {
     #[error("sample refers to a stack the request does not define")]
     UnknownStack,
     #[error(
+        "sample {sample} of profile {profile} refers to stack {stack}, and the request has {stacks}"
+    )]
+    StackIndex {
+        profile: usize,
+        sample: usize,
+        stack: u32,
+        stacks: usize,
+    },
+    #[error(
+        "profile {profile} has {stacks} sample stacks and {values} sample values; they must be as many"
+    )]
+    SampleColumns {
+        profile: usize,
+        stacks: usize,
+        values: usize,
+    },
+    #[error(
         "write request format version {version} is not known to this build (it reads {WRITE_FORMAT_V0}, \
-         {WRITE_FORMAT_V2} and {WRITE_FORMAT}): written by a newer version of fathom?"
+         {WRITE_FORMAT_V2}, {WRITE_FORMAT_V3} and {WRITE_FORMAT}): written by a newer version of fathom?"
     )]
     FormatVersion { version: u32 },
     #[error("write request is not a valid protobuf message")]
     Decode(#[from] prost::DecodeError),
 }
 
+/// `b` as a `WriteRequest` of format 3 (samples name their stack by id),
+/// as WALs written before format 4 hold it; for tests and benchmarks of
+/// their replay.
+pub fn write_request_format3(b: &model::IngestBatch) -> ingester::WriteRequest {
+    let mut r = ingester::WriteRequest::from(b);
+    r.format_version = WRITE_FORMAT_V3;
+    for p in &mut r.profiles {
+        let stacks = std::mem::take(&mut p.sample_stacks);
+        let values = std::mem::take(&mut p.sample_values);
+        p.samples.extend(
+            stacks
+                .into_iter()
+                .zip(values)
+                .map(|(s, value)| ingester::Sample {
+                    stack_id: r.stacks[s as usize].id.clone(),
+                    value,
+                }),
+        );
+    }
+    r
+}
+
 /// `b` as a `WriteRequest` of format 2 (stacks name their locations by
 /// id), as WALs written before format 3 hold it; for tests and benchmarks
 /// of their replay.
 pub fn write_request_format2(b: &model::IngestBatch) -> ingester::WriteRequest {
-    let mut r = ingester::WriteRequest::from(b);
+    let mut r = write_request_format3(b);
     r.format_version = WRITE_FORMAT_V2;
     for s in &mut r.stacks {
         s.locations = std::mem::take(&mut s.location_indexes)
@@ -162,7 +208,7 @@ pub fn write_request_format0(b: &model::IngestBatch) -> ingester::WriteRequest {
 /// Decodes the bytes of a `WriteRequest` (a WAL record, a replicated write)
 /// into a batch; see [`WRITE_FORMAT`] for which ids are taken as sent.
 ///
-/// A well-formed format-2 or format-3 record is read straight from its bytes (no
+/// A well-formed format-2, 3 or 4 record is read straight from its bytes (no
 /// intermediate prost message, about 2x faster: docs/benchmarks.md);
 /// anything else (format 0, damaged or refused records) goes through
 /// prost and [`TryFrom`], which decides and words the error. Both give the
@@ -212,6 +258,7 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
         // them is missing from the request (then by id, as in format 2);
         // the same order and choice as `encode_write_request`'s.
         let frames = encode::StackFrames::new(s);
+        let positions = frames.sample_stacks(&b.profiles);
         let locations = frames
             .locations
             .iter()
@@ -240,7 +287,8 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
             profiles: b
                 .profiles
                 .iter()
-                .map(|p| ingester::Profile {
+                .enumerate()
+                .map(|(k, p)| ingester::Profile {
                     id: p.id.0.to_vec(),
                     profile_type: p.profile_type.to_string(),
                     labels: p
@@ -254,14 +302,24 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
                     time_nanos: p.time_nanos,
                     duration_nanos: p.duration_nanos,
                     period: p.period,
-                    samples: p
-                        .samples
-                        .iter()
-                        .map(|x| ingester::Sample {
-                            stack_id: x.stack.0.to_vec(),
-                            value: x.value,
-                        })
-                        .collect(),
+                    // Format 4: the samples as columns, unless one's stack
+                    // is missing from the request (then by id).
+                    samples: match positions.of(k) {
+                        Some(_) => Vec::new(),
+                        None => p
+                            .samples
+                            .iter()
+                            .map(|x| ingester::Sample {
+                                stack_id: x.stack.0.to_vec(),
+                                value: x.value,
+                            })
+                            .collect(),
+                    },
+                    sample_stacks: positions.of(k).map(<[u32]>::to_vec).unwrap_or_default(),
+                    sample_values: match positions.of(k) {
+                        Some(_) => p.samples.iter().map(|x| x.value).collect(),
+                        None => Vec::new(),
+                    },
                 })
                 .collect(),
             functions,
@@ -278,14 +336,24 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
 
     fn try_from(r: ingester::WriteRequest) -> Result<Self, ConvertError> {
         let trusted = match r.format_version {
-            WRITE_FORMAT | WRITE_FORMAT_V2 => true,
+            WRITE_FORMAT | WRITE_FORMAT_V3 | WRITE_FORMAT_V2 => true,
             WRITE_FORMAT_V0 => false,
             version => return Err(ConvertError::FormatVersion { version }),
         };
         let mut r = r;
-        if r.format_version == WRITE_FORMAT {
+        if matches!(r.format_version, WRITE_FORMAT | WRITE_FORMAT_V3) {
             located_by_id(&r.locations, &mut r.stacks)?;
         }
+        // Format 4's samples index the stacks: their ids by position.
+        let columns = r.format_version == WRITE_FORMAT;
+        let stack_ids = if columns {
+            r.stacks
+                .iter()
+                .map(|st| id("stack", &st.id))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
         let tenant = model::TenantId::new(&r.tenant)?;
         let symbols = if trusted {
             model::Symbols::try_from(ingester::HeadSymbols {
@@ -300,8 +368,9 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
         let profiles = r
             .profiles
             .into_iter()
-            .map(|p| {
-                let samples = p
+            .enumerate()
+            .map(|(profile, p)| {
+                let mut samples = p
                     .samples
                     .iter()
                     .map(|x| {
@@ -314,7 +383,28 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
                             value: x.value,
                         })
                     })
-                    .collect::<Result<_, ConvertError>>()?;
+                    .collect::<Result<Vec<_>, ConvertError>>()?;
+                if columns {
+                    if p.sample_stacks.len() != p.sample_values.len() {
+                        return Err(ConvertError::SampleColumns {
+                            profile,
+                            stacks: p.sample_stacks.len(),
+                            values: p.sample_values.len(),
+                        });
+                    }
+                    samples.reserve(p.sample_stacks.len());
+                    for (sample, (&s, &value)) in
+                        p.sample_stacks.iter().zip(&p.sample_values).enumerate()
+                    {
+                        let stack = *stack_ids.get(s as usize).ok_or(ConvertError::StackIndex {
+                            profile,
+                            sample,
+                            stack: s,
+                            stacks: stack_ids.len(),
+                        })?;
+                        samples.push(model::Sample { stack, value });
+                    }
+                }
                 Ok(model::Profile {
                     id: id("profile", &p.id)?,
                     profile_type: p.profile_type.parse()?,
@@ -616,8 +706,62 @@ mod tests {
         // Format 3: the stack names its location by index, not by id.
         assert_eq!(wire.stacks[0].location_indexes, vec![0]);
         assert!(wire.stacks[0].locations.is_empty());
+        // Format 4: the sample names its stack by index, in a column.
+        assert_eq!(wire.profiles[0].sample_stacks, vec![0]);
+        assert_eq!(wire.profiles[0].sample_values, vec![5]);
+        assert!(wire.profiles[0].samples.is_empty());
         let back = model::IngestBatch::try_from(wire.clone()).unwrap();
         assert_eq!(back, batch);
+
+        // Format 3 (a WAL written before format 4): samples by stack id,
+        // both decoders, the same batch.
+        let v3 = write_request_format3(&batch);
+        assert_eq!(v3.format_version, WRITE_FORMAT_V3);
+        assert_eq!(v3.profiles[0].samples[0].stack_id, st.0.to_vec());
+        assert!(v3.profiles[0].sample_stacks.is_empty());
+        let v3_bytes = prost::Message::encode_to_vec(&v3);
+        assert_eq!(decode_write_request(&v3_bytes).unwrap(), batch);
+        assert_eq!(decode_write_request_prost(&v3_bytes).unwrap(), batch);
+
+        // Columns of different lengths, or an index past the record's
+        // stacks, are refused, naming the profile and the sample.
+        let mut short = wire.clone();
+        short.profiles[0].sample_values.push(8);
+        let err = decode_write_request(&prost::Message::encode_to_vec(&short)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConvertError::SampleColumns {
+                    profile: 0,
+                    stacks: 1,
+                    values: 2
+                }
+            ),
+            "{err}"
+        );
+        let mut past = wire.clone();
+        past.profiles[0].sample_stacks = vec![1];
+        let err = decode_write_request(&prost::Message::encode_to_vec(&past)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConvertError::StackIndex {
+                    profile: 0,
+                    sample: 0,
+                    stack: 1,
+                    stacks: 1
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("refers to stack 1"), "{err}");
+        // Format 3 has no columns: a format-3 record's are not read.
+        let mut v3_cols = v3.clone();
+        v3_cols.profiles[0].sample_stacks = vec![0];
+        v3_cols.profiles[0].sample_values = vec![1];
+        let v3_cols = prost::Message::encode_to_vec(&v3_cols);
+        assert_eq!(decode_write_request(&v3_cols).unwrap(), batch);
+        assert_eq!(decode_write_request_prost(&v3_cols).unwrap(), batch);
 
         // Format 2 (a WAL written before format 3): ids in stacks, both
         // decoders, the same batch.
@@ -658,7 +802,7 @@ mod tests {
         let v0_bytes = prost::Message::encode_to_vec(&v0);
         assert_eq!(decode_write_request(&v0_bytes).unwrap(), batch);
 
-        // Format 3 takes the ids as sent: no re-hashing.
+        // Format 4 takes the ids as sent: no re-hashing.
         let mut forged = wire.clone();
         forged.functions[0].id = vec![7; 16];
         forged.locations[0].lines[0].function_id = vec![7; 16];
@@ -667,11 +811,11 @@ mod tests {
 
         // A version this build does not know is refused, and says so.
         let mut future = wire;
-        future.format_version = 4;
+        future.format_version = 5;
         let err = decode_write_request(&prost::Message::encode_to_vec(&future)).unwrap_err();
-        assert!(matches!(err, ConvertError::FormatVersion { version: 4 }));
+        assert!(matches!(err, ConvertError::FormatVersion { version: 5 }));
         assert!(
-            err.to_string().contains("format version 4") && err.to_string().contains("newer"),
+            err.to_string().contains("format version 5") && err.to_string().contains("newer"),
             "{err}"
         );
     }

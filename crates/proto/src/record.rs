@@ -1,5 +1,5 @@
-//! A direct decoder of format-2 and format-3 `WriteRequest` records into
-//! an [`IngestBatch`](model::IngestBatch).
+//! A direct decoder of format-2, format-3 and format-4 `WriteRequest`
+//! records into an [`IngestBatch`](model::IngestBatch).
 //!
 //! Every replica of a write and every WAL replay decodes the record. prost
 //! first builds the message (a `Vec<u8>` for every id: one per sample, per
@@ -9,10 +9,10 @@
 //! samples into their final vectors.
 //!
 //! It is an accelerator, not a second definition of the format: it
-//! accepts only what it is sure of (format 2 or 3, well-formed framing, every
-//! id 16 bytes, every reference defined) and returns `None` for anything
-//! else, and [`crate::decode_write_request`] then takes the prost path,
-//! which decides (and words the error). Fields follow prost's rules:
+//! accepts only what it is sure of (format 2, 3 or 4, well-formed framing,
+//! every id 16 bytes, every reference defined) and returns `None` for
+//! anything else, and [`crate::decode_write_request`] then takes the prost
+//! path, which decides (and words the error). Fields follow prost's rules:
 //! unknown fields are skipped, a repeated field's occurrences append, a
 //! singular field's last occurrence wins, and a known field with another
 //! wire type is malformed. A test checks that both paths agree on
@@ -155,7 +155,26 @@ struct Top<'a> {
     stacks: Vec<&'a [u8]>,
 }
 
-/// Decodes a format-2 or format-3 record, or `None` (see the module docs).
+/// Appends the elements of a repeated varint field (packed, or one
+/// element per occurrence as prost also accepts) to `out`, each as
+/// `conv` makes it of the varint; `None` for another wire type or a bad
+/// varint.
+#[inline]
+fn repeated_varints<T>(v: &Value<'_>, out: &mut Vec<T>, conv: impl Fn(u64) -> T) -> Option<()> {
+    match v {
+        Value::Varint(x) => out.push(conv(*x)),
+        Value::Bytes(p) => {
+            let mut pos = 0;
+            while pos < p.len() {
+                out.push(conv(varint(p, &mut pos)?));
+            }
+        }
+        Value::Fixed => return None,
+    }
+    Some(())
+}
+
+/// Decodes a format-2, 3 or 4 record, or `None` (see the module docs).
 pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
     decode_skipping(record, |_| None)
 }
@@ -192,9 +211,12 @@ pub(crate) fn decode_skipping<'k>(
         }
         Some(())
     })?;
-    let indexed = match top.format {
-        crate::WRITE_FORMAT => true,
-        crate::WRITE_FORMAT_V2 => false,
+    // Whether stacks may index locations (format 3 on), and samples
+    // index stacks (format 4).
+    let (indexed, columns) = match top.format {
+        crate::WRITE_FORMAT => (true, true),
+        crate::WRITE_FORMAT_V3 => (true, false),
+        crate::WRITE_FORMAT_V2 => (false, false),
         _ => return None,
     };
     let tenant = model::TenantId::new(top.tenant).ok()?;
@@ -282,9 +304,9 @@ pub(crate) fn decode_skipping<'k>(
     // Format 2's stacks name locations by id: their positions, once one
     // does.
     let mut location_at: Option<model::IdMap<u32>> = None;
-    // The record's stacks left out of `symbols` as known: samples may
-    // name them too.
-    let mut skipped_stacks = model::IdSet::default();
+    // Every stack id of the record in wire order, known or not: what
+    // format 4's samples index.
+    let mut stack_ids = Vec::with_capacity(top.stacks.len());
     // The locations (by position) that a new stack names.
     let mut needed = vec![known.is_none(); location_ids.len()];
     // One stack's positions, reused.
@@ -304,16 +326,7 @@ pub(crate) fn decode_skipping<'k>(
                 // Format 3's indexes, packed or (as prost also accepts)
                 // one varint per element; uint32 keeps the low 32 bits.
                 // prost reads the field in every format.
-                4 => match f.value {
-                    Value::Varint(v) => indexes.push(v as u32),
-                    Value::Bytes(p) => {
-                        let mut pos = 0;
-                        while pos < p.len() {
-                            indexes.push(varint(p, &mut pos)? as u32);
-                        }
-                    }
-                    Value::Fixed => return None,
-                },
+                4 => repeated_varints(&f.value, &mut indexes, |v| v as u32)?,
                 _ => {}
             }
             Some(())
@@ -350,10 +363,12 @@ pub(crate) fn decode_skipping<'k>(
             symbols
                 .stacks
                 .insert(sid, model::Stack { locations: stack });
-        } else {
-            skipped_stacks.insert(sid);
         }
+        stack_ids.push(sid);
     }
+    // The record's stack ids as a set, for samples that name their stack
+    // by id (formats 2 and 3): built at the first one.
+    let mut by_id: Option<model::IdSet> = None;
     // The new stacks' locations that are new, then their functions and
     // mappings that are new.
     let mut new_functions = model::IdSet::default();
@@ -397,11 +412,15 @@ pub(crate) fn decode_skipping<'k>(
         }
     }
     let mut profiles = Vec::with_capacity(top.profiles.len());
+    // Format 4's sample columns of one profile, reused.
+    let (mut sample_stacks, mut sample_values) = (Vec::<u32>::new(), Vec::<i64>::new());
     for b in top.profiles {
         let (mut pid, mut profile_type) = (&[][..], "");
         let (mut time_nanos, mut duration_nanos, mut period) = (0i64, 0i64, 0i64);
         let mut labels: Vec<(&str, &str)> = Vec::new();
         let mut samples = Vec::new();
+        sample_stacks.clear();
+        sample_values.clear();
         each(b, |f| {
             match f.number {
                 1 => pid = f.value.bytes()?,
@@ -432,15 +451,30 @@ pub(crate) fn decode_skipping<'k>(
                         Some(())
                     })?;
                     let stack = id(stack)?;
-                    if !symbols.stacks.contains_key(&stack) && !skipped_stacks.contains(&stack) {
+                    let ids = by_id.get_or_insert_with(|| stack_ids.iter().copied().collect());
+                    if !ids.contains(&stack) {
                         return None;
                     }
                     samples.push(model::Sample { stack, value });
                 }
+                // prost reads the columns in every format; only format 4
+                // has them.
+                8 => repeated_varints(&f.value, &mut sample_stacks, |v| v as u32)?,
+                9 => repeated_varints(&f.value, &mut sample_values, |v| v as i64)?,
                 _ => {}
             }
             Some(())
         })?;
+        if columns {
+            if sample_stacks.len() != sample_values.len() {
+                return None;
+            }
+            samples.reserve(sample_stacks.len());
+            for (&s, &value) in sample_stacks.iter().zip(&sample_values) {
+                let stack = *stack_ids.get(s as usize)?;
+                samples.push(model::Sample { stack, value });
+            }
+        }
         profiles.push(model::Profile {
             id: id(pid)?,
             profile_type: profile_type.parse().ok()?,
@@ -579,10 +613,15 @@ mod tests {
         assert_eq!(all_known.profiles, b.profiles);
         let other = decode_skipping(&rec, |t| (t == "team-b").then_some(&known)).unwrap();
         assert_eq!(other, b);
-        let v2 = crate::write_request_format2(&b).encode_to_vec();
-        let part = decode_skipping(&v2, |_| Some(&known)).unwrap();
-        assert_eq!(part.symbols, new_part(&b.symbols, &known));
-        assert!(part.symbols.locations.contains_key(&l3));
+        for old in [
+            crate::write_request_format3(&b).encode_to_vec(),
+            crate::write_request_format2(&b).encode_to_vec(),
+        ] {
+            let part = decode_skipping(&old, |_| Some(&known)).unwrap();
+            assert_eq!(part.symbols, new_part(&b.symbols, &known));
+            assert_eq!(part.profiles, b.profiles);
+            assert!(part.symbols.locations.contains_key(&l3));
+        }
     }
 
     #[test]
@@ -622,13 +661,13 @@ mod tests {
         let v0 = crate::write_request_format0(&b).encode_to_vec();
         assert_eq!(decode_direct(&v0), None);
         assert_eq!(decode_write_request(&v0).unwrap(), b);
-        let mut v4 = crate::ingester::WriteRequest::from(&b);
-        v4.format_version = crate::WRITE_FORMAT + 1;
-        let v4 = v4.encode_to_vec();
-        assert_eq!(decode_direct(&v4), None);
+        let mut future = crate::ingester::WriteRequest::from(&b);
+        future.format_version = crate::WRITE_FORMAT + 1;
+        let future = future.encode_to_vec();
+        assert_eq!(decode_direct(&future), None);
         assert!(matches!(
-            decode_write_request(&v4),
-            Err(crate::ConvertError::FormatVersion { version: 4 })
+            decode_write_request(&future),
+            Err(crate::ConvertError::FormatVersion { version: 5 })
         ));
     }
 
@@ -639,6 +678,7 @@ mod tests {
     fn agrees_with_prost_on_damaged_records() {
         let b = crate::encode::tests::batch();
         damage_agrees(&encode_write_request(&b));
+        damage_agrees(&crate::write_request_format3(&b).encode_to_vec());
         damage_agrees(&crate::write_request_format2(&b).encode_to_vec());
     }
 
