@@ -132,13 +132,33 @@ fn main() {
         .map(|b| fathom_proto::write_request_format0(b).encode_to_vec())
         .collect();
 
+    // The same batches as format-3 records (samples by stack id), as the
+    // previous build wrote them: the ingester's decode of both, in the
+    // same rounds.
+    let v3: Vec<Vec<u8>> = batches
+        .iter()
+        .map(|b| fathom_proto::write_request_format3(b).encode_to_vec())
+        .collect();
+    // A steady stream's records: the head already holds every symbol, so
+    // the replica reads the record whole and copies only its samples.
+    let steady = |recs: &[Vec<u8>]| {
+        recs.iter()
+            .zip(&batches)
+            .map(|(r, b)| {
+                fathom_proto::decode_write_request_skipping(r, |_| Some(&b.symbols))
+                    .unwrap()
+                    .sample_count()
+            })
+            .sum()
+    };
+
     // Rounds interleave the stages, so that a change in the machine's load
     // (it is shared) shows up as spread rather than as one stage's figure.
     let rounds: usize = std::env::var("FATHOM_BENCH_STAGE_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let mut all: Vec<[f64; 10]> = Vec::new();
+    let mut all: Vec<[f64; 13]> = Vec::new();
     for _ in 0..rounds {
         let prost = rate(total, secs, || {
             files
@@ -233,6 +253,18 @@ fn main() {
                 })
                 .sum()
         });
+        let ingester_v3 = rate(total, secs, || {
+            v3.iter()
+                .map(|r| {
+                    fathom_proto::decode_write_request(r)
+                        .unwrap()
+                        .profiles
+                        .len()
+                })
+                .sum()
+        });
+        let steady_v4 = rate(total, secs, || steady(&records));
+        let steady_v3 = rate(total, secs, || steady(&v3));
         all.push([
             prost,
             dec,
@@ -244,6 +276,9 @@ fn main() {
             ingester_via_prost,
             two_passes,
             one_pass,
+            ingester_v3,
+            steady_v4,
+            steady_v3,
         ]);
     }
     let median = |i: usize| {
@@ -266,6 +301,9 @@ fn main() {
         ingester_via_prost,
         two_passes,
         one_pass,
+        ingester_v3,
+        steady_v4,
+        steady_v3,
     ] = std::array::from_fn(median);
     // The ratio of each round's figure to the same round's prost decode.
     let ratio = |i: usize| {
@@ -291,12 +329,17 @@ fn main() {
     figure("ingester_record_format0_rehash_reencode", 5, ingester_v0);
     figure("ingester_record_as_received", 6, ingester_current);
     figure("ingester_record_via_prost_message", 7, ingester_via_prost);
+    figure("ingester_record_format3_as_received", 10, ingester_v3);
+    figure("ingester_record_known_symbols", 11, steady_v4);
+    figure("ingester_record_format3_known_symbols", 12, steady_v3);
     // The time per byte of the stages add up: a cluster write costs the
     // distributor's pass plus one ingester pass per replica.
     let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);
     println!(
-        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 4 (distributor + 3 ingester decodes; WAL, head and network not included)",
+        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 4, {:.1} with format 4 into heads that hold its symbols (format 3: {:.1}) (distributor + 3 ingester decodes; WAL, head and network not included)",
         per_write(ingester_v0),
         per_write(ingester_current),
+        per_write(steady_v4),
+        per_write(steady_v3),
     );
 }

@@ -236,14 +236,13 @@ impl<'a> StackFrames<'a> {
     }
 
     /// Every sample's stack of `profiles` as its position in `stacks`:
-    /// what format 4 writes.
+    /// what format 4 writes. A normalized pprof's samples mostly follow
+    /// the order in which its stacks were made, so each sample first
+    /// tries the position after the previous sample's (one comparison);
+    /// only a sample elsewhere builds, once, and asks a map of the
+    /// positions.
     pub(crate) fn sample_stacks(&self, profiles: &[model::Profile]) -> SampleStacks {
-        let position: model::IdMap<u32> = self
-            .stacks
-            .iter()
-            .enumerate()
-            .map(|(i, (id, _))| (**id, i as u32))
-            .collect();
+        let mut position: Option<model::IdMap<u32>> = None;
         let n = profiles.iter().map(|p| p.samples.len()).sum();
         let mut out = SampleStacks {
             positions: Vec::with_capacity(n),
@@ -252,11 +251,26 @@ impl<'a> StackFrames<'a> {
         for p in profiles {
             let start = out.positions.len();
             let mut packed = 0;
+            let mut next = 0usize;
             for x in &p.samples {
-                match position.get(&x.stack) {
-                    Some(&i) => {
+                let at = match self.stacks.get(next) {
+                    Some((id, _)) if **id == x.stack => Some(next as u32),
+                    _ => position
+                        .get_or_insert_with(|| {
+                            self.stacks
+                                .iter()
+                                .enumerate()
+                                .map(|(i, (id, _))| (**id, i as u32))
+                                .collect()
+                        })
+                        .get(&x.stack)
+                        .copied(),
+                };
+                match at {
+                    Some(i) => {
                         packed += encoded_len_varint(u64::from(i));
                         out.positions.push(i);
+                        next = i as usize + 1;
                     }
                     None => break,
                 }
@@ -555,6 +569,44 @@ pub(crate) mod tests {
             Err(crate::ConvertError::UnknownStack)
         ));
         assert!(crate::decode_write_request_prost(&rec).is_err());
+    }
+
+    /// Samples in any order of their stacks (the order the stacks were
+    /// made, backwards, one stack repeated, a frame index or none) are
+    /// written by position and read back as themselves.
+    #[test]
+    fn sample_positions_in_any_order() {
+        for indexed in [false, true] {
+            let mut plain = batch();
+            let mut b = if indexed {
+                with_frame_index(plain.clone())
+            } else {
+                plain.clone()
+            };
+            let ids: Vec<model::Id> = StackFrames::new(&b.symbols)
+                .stacks
+                .iter()
+                .map(|(id, _)| **id)
+                .collect();
+            assert_eq!(ids.len(), 2);
+            let order = [0, 1, 1, 0, 0, 1, 0];
+            b.profiles[0].samples = order
+                .iter()
+                .zip(1..)
+                .map(|(&k, value)| model::Sample {
+                    stack: ids[k],
+                    value,
+                })
+                .collect();
+            plain.profiles[0].samples = b.profiles[0].samples.clone();
+            let rec = encode_write_request(&b);
+            assert_eq!(rec, WriteRequest::from(&b).encode_to_vec());
+            let w = WriteRequest::decode(&rec[..]).unwrap();
+            let want: Vec<u32> = order.iter().map(|&k| k as u32).collect();
+            assert_eq!(w.profiles[0].sample_stacks, want);
+            assert_eq!(crate::decode_write_request(&rec).unwrap(), plain);
+            assert_eq!(crate::decode_write_request_prost(&rec).unwrap(), plain);
+        }
     }
 
     /// Format 4 is smaller than format 3 for the same batch: a sample
