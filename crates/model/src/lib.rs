@@ -33,5 +33,7 @@ pub use labels::{LabelError, Labels, SERVICE_NAME, valid_label_name};
 pub use profile::{IngestBatch, Profile, Sample, series_id};
 pub use profile_type::{ProfileType, ProfileTypeError};
 pub use selector::{MatchOp, Matcher, Selector, SelectorError};
-pub use symbols::{FrameIndex, Function, Line, Location, Mapping, Stack, StackHasher, Symbols};
+pub use symbols::{
+    FrameIndex, Function, Line, Location, Mapping, ResolvedIndex, Stack, StackHasher, Symbols,
+};
 pub use tenant::{TenantError, TenantId};

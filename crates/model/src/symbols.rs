@@ -150,6 +150,14 @@ impl PartialEq for Symbols {
 /// tells whether it still describes a table (the same location and stack
 /// ids; content-addressed stacks then have the same frames), and the
 /// table's own mutators drop it.
+/// A table's locations and stacks in the order of a [`FrameIndex`] that
+/// describes it ([`FrameIndex::resolve`]).
+#[derive(Debug)]
+pub struct ResolvedIndex<'a> {
+    pub locations: Vec<(&'a Id, &'a Location)>,
+    pub stacks: Vec<(&'a Id, &'a Stack)>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FrameIndex {
     /// Every location id of the table, once each, in record order.
@@ -167,6 +175,13 @@ impl FrameIndex {
     /// in range. Costs a lookup per location and per stack, none per
     /// frame.
     pub fn matches(&self, s: &Symbols) -> bool {
+        self.resolve(s).is_some()
+    }
+
+    /// `s`'s entries in this index's order, when it [`matches`]
+    /// (`FrameIndex::matches`) `s`: the check and the lookups a record's
+    /// encoder needs are the same, one per location and per stack.
+    pub fn resolve<'a>(&self, s: &'a Symbols) -> Option<ResolvedIndex<'a>> {
         if self.locations.len() != s.locations.len()
             || self.stacks.len() != s.stacks.len()
             || self.stacks.last().map_or(0, |&(_, end)| end as usize) != self.indexes.len()
@@ -174,18 +189,27 @@ impl FrameIndex {
                 .indexes
                 .iter()
                 .any(|&i| i as usize >= self.locations.len())
-            || !self.locations.iter().all(|l| s.locations.contains_key(l))
         {
-            return false;
+            return None;
         }
+        let locations = self
+            .locations
+            .iter()
+            .map(|id| s.locations.get_key_value(id))
+            .collect::<Option<Vec<_>>>()?;
         let mut start = 0u32;
-        self.stacks.iter().all(|(id, end)| {
-            let frames = end.checked_sub(start);
-            start = *end;
-            s.stacks
-                .get(id)
-                .is_some_and(|st| frames == Some(st.locations.len() as u32))
-        })
+        let stacks = self
+            .stacks
+            .iter()
+            .map(|(id, end)| {
+                let frames = end.checked_sub(start);
+                start = *end;
+                s.stacks
+                    .get_key_value(id)
+                    .filter(|(_, st)| frames == Some(st.locations.len() as u32))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(ResolvedIndex { locations, stacks })
     }
 
     /// The frames of the `k`th stack (`None` past the last, or when the

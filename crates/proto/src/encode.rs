@@ -9,7 +9,7 @@
 //! bytes from the [`IngestBatch`](model::IngestBatch) itself.
 
 use fathom_model as model;
-use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+use prost::encoding::{WireType, encode_key, encoded_len_varint, key_len};
 
 /// Length of a length-delimited field with a payload of `len` bytes.
 fn delimited_len(tag: u32, len: usize) -> usize {
@@ -41,6 +41,18 @@ fn varint_len(tag: u32, v: u64) -> usize {
     } else {
         key_len(tag) + encoded_len_varint(v)
     }
+}
+
+/// Appends `v` as a varint, as prost's `encode_varint` does, inlined: a
+/// record is mostly varints (frame and stack indexes), and the buffer is
+/// sized up front.
+#[inline]
+fn encode_varint(mut v: u64, buf: &mut Vec<u8>) {
+    while v >= 0x80 {
+        buf.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
 }
 
 fn put_header(buf: &mut Vec<u8>, tag: u32, len: usize) {
@@ -150,7 +162,7 @@ pub(crate) struct StackFrames<'a> {
 
 impl<'a> StackFrames<'a> {
     pub(crate) fn new(s: &'a model::Symbols) -> Self {
-        if let Some(fi) = s.frame_index.as_deref().filter(|fi| fi.matches(s))
+        if let Some(fi) = s.frame_index.as_deref()
             && let Some(f) = Self::indexed(s, fi)
         {
             return f;
@@ -196,9 +208,11 @@ impl<'a> StackFrames<'a> {
         }
     }
 
-    /// From `fi`, which [`model::FrameIndex::matches`] `s`: every stack
-    /// by index.
+    /// From `fi`, when it describes `s` ([`model::FrameIndex::resolve`]:
+    /// the check is the lookups that fetch the entries): every stack by
+    /// index.
     fn indexed(s: &'a model::Symbols, fi: &'a model::FrameIndex) -> Option<Self> {
+        let model::ResolvedIndex { locations, stacks } = fi.resolve(s)?;
         let mut frames = Vec::with_capacity(fi.stacks.len());
         let mut start = 0;
         for &(_, end) in &fi.stacks {
@@ -213,16 +227,8 @@ impl<'a> StackFrames<'a> {
             start = end;
         }
         Some(StackFrames {
-            locations: fi
-                .locations
-                .iter()
-                .map(|id| s.locations.get_key_value(id))
-                .collect::<Option<_>>()?,
-            stacks: fi
-                .stacks
-                .iter()
-                .map(|(id, _)| s.stacks.get_key_value(id))
-                .collect::<Option<_>>()?,
+            locations,
+            stacks,
             indexes: std::borrow::Cow::Borrowed(&fi.indexes),
             frames,
         })
@@ -569,6 +575,30 @@ pub(crate) mod tests {
             Err(crate::ConvertError::UnknownStack)
         ));
         assert!(crate::decode_write_request_prost(&rec).is_err());
+    }
+
+    /// The inlined varint writes prost's bytes for every length of varint.
+    #[test]
+    fn varints_as_prost_writes_them() {
+        let mut values = vec![
+            0,
+            1,
+            127,
+            128,
+            300,
+            u64::from(u32::MAX),
+            u64::MAX,
+            (-3i64) as u64,
+        ];
+        values.extend((0..64).map(|b| 1u64 << b));
+        values.extend((1..64).map(|b| (1u64 << b) - 1));
+        for v in values {
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            encode_varint(v, &mut ours);
+            prost::encoding::encode_varint(v, &mut theirs);
+            assert_eq!(ours, theirs, "{v}");
+            assert_eq!(ours.len(), encoded_len_varint(v), "{v}");
+        }
     }
 
     /// Samples in any order of their stacks (the order the stacks were
