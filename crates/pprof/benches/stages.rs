@@ -139,6 +139,17 @@ fn main() {
         .iter()
         .map(|b| fathom_proto::write_request_format3(b).encode_to_vec())
         .collect();
+    // Records decoded whole, as into an empty head.
+    let as_received = |recs: &[Vec<u8>]| {
+        recs.iter()
+            .map(|r| {
+                fathom_proto::decode_write_request(r)
+                    .unwrap()
+                    .profiles
+                    .len()
+            })
+            .sum()
+    };
     // A steady stream's records: the head already holds every symbol, so
     // the replica reads the record whole and copies only its samples.
     let steady = |recs: &[Vec<u8>]| {
@@ -152,13 +163,36 @@ fn main() {
             .sum()
     };
 
+    // A head that holds the whole corpus's symbols, as an ingester's
+    // does after a while of a steady stream: lookups in a table this
+    // large miss the cache, as they do in a cluster.
+    let mut head = fathom_model::Symbols::default();
+    for b in &batches {
+        head.merge_owned(b.symbols.clone());
+    }
+    println!(
+        "info: a head of the whole corpus holds {} stacks, {} locations, {} functions",
+        head.stacks.len(),
+        head.locations.len(),
+        head.functions.len(),
+    );
+    let large_head = |recs: &[Vec<u8>]| {
+        recs.iter()
+            .map(|r| {
+                fathom_proto::decode_write_request_skipping(r, |_| Some(&head))
+                    .unwrap()
+                    .sample_count()
+            })
+            .sum()
+    };
+
     // Rounds interleave the stages, so that a change in the machine's load
     // (it is shared) shows up as spread rather than as one stage's figure.
     let rounds: usize = std::env::var("FATHOM_BENCH_STAGE_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let mut all: Vec<[f64; 13]> = Vec::new();
+    let mut all: Vec<[f64; 15]> = Vec::new();
     for _ in 0..rounds {
         let prost = rate(total, secs, || {
             files
@@ -231,17 +265,7 @@ fn main() {
                 })
                 .sum()
         });
-        let ingester_current = rate(total, secs, || {
-            records
-                .iter()
-                .map(|r| {
-                    fathom_proto::decode_write_request(r)
-                        .unwrap()
-                        .profiles
-                        .len()
-                })
-                .sum()
-        });
+        let ingester_current = rate(total, secs, || as_received(&records));
         let ingester_via_prost = rate(total, secs, || {
             records
                 .iter()
@@ -253,18 +277,11 @@ fn main() {
                 })
                 .sum()
         });
-        let ingester_v3 = rate(total, secs, || {
-            v3.iter()
-                .map(|r| {
-                    fathom_proto::decode_write_request(r)
-                        .unwrap()
-                        .profiles
-                        .len()
-                })
-                .sum()
-        });
+        let ingester_v3 = rate(total, secs, || as_received(&v3));
         let steady_v4 = rate(total, secs, || steady(&records));
         let steady_v3 = rate(total, secs, || steady(&v3));
+        let large_v4 = rate(total, secs, || large_head(&records));
+        let large_v3 = rate(total, secs, || large_head(&v3));
         all.push([
             prost,
             dec,
@@ -279,6 +296,8 @@ fn main() {
             ingester_v3,
             steady_v4,
             steady_v3,
+            large_v4,
+            large_v3,
         ]);
     }
     let median = |i: usize| {
@@ -304,6 +323,8 @@ fn main() {
         ingester_v3,
         steady_v4,
         steady_v3,
+        large_v4,
+        large_v3,
     ] = std::array::from_fn(median);
     // The ratio of each round's figure to the same round's prost decode.
     let ratio = |i: usize| {
@@ -332,14 +353,22 @@ fn main() {
     figure("ingester_record_format3_as_received", 10, ingester_v3);
     figure("ingester_record_known_symbols", 11, steady_v4);
     figure("ingester_record_format3_known_symbols", 12, steady_v3);
+    figure("ingester_record_known_symbols_large_head", 13, large_v4);
+    figure(
+        "ingester_record_format3_known_symbols_large_head",
+        14,
+        large_v3,
+    );
     // The time per byte of the stages add up: a cluster write costs the
     // distributor's pass plus one ingester pass per replica.
     let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);
     println!(
-        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 4, {:.1} with format 4 into heads that hold its symbols (format 3: {:.1}) (distributor + 3 ingester decodes; WAL, head and network not included)",
+        "figure stage_cluster_cpu_rf3: {:.1} MB/s per core of CPU for one write on 3 replicas with format 0 records, {:.1} with format 4, {:.1} with format 4 into heads that hold its symbols (format 3: {:.1}), {:.1} into a head of the whole corpus (format 3: {:.1}) (distributor + 3 ingester decodes; WAL, head and network not included)",
         per_write(ingester_v0),
         per_write(ingester_current),
         per_write(steady_v4),
         per_write(steady_v3),
+        per_write(large_v4),
+        per_write(large_v3),
     );
 }
