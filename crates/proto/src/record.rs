@@ -307,13 +307,15 @@ pub(crate) fn decode_skipping<'k>(
     // Every stack id of the record in wire order, known or not: what
     // format 4's samples index.
     let mut stack_ids = Vec::with_capacity(top.stacks.len());
+    // Every stack's frames as positions among the record's locations,
+    // one after another, and where each stack's end.
+    let mut frames: Vec<u32> = Vec::new();
+    let mut frame_ends: Vec<usize> = Vec::with_capacity(top.stacks.len());
     // The locations (by position) that a new stack names.
     let mut needed = vec![known.is_none(); location_ids.len()];
-    // One stack's positions, reused.
-    let mut indexes: Vec<u32> = Vec::new();
     for b in top.stacks {
         let (mut sid, mut packed, mut per_frame) = (&[][..], &[][..], false);
-        indexes.clear();
+        let start = frames.len();
         each(b, |f| {
             match f.number {
                 // Format 0's one-element-per-frame field: left to prost.
@@ -326,15 +328,15 @@ pub(crate) fn decode_skipping<'k>(
                 // Format 3's indexes, packed or (as prost also accepts)
                 // one varint per element; uint32 keeps the low 32 bits.
                 // prost reads the field in every format.
-                4 => repeated_varints(&f.value, &mut indexes, |v| v as u32)?,
+                4 => repeated_varints(&f.value, &mut frames, |v| v as u32)?,
                 _ => {}
             }
             Some(())
         })?;
         if !indexed {
-            indexes.clear();
+            frames.truncate(start);
         }
-        if per_frame || packed.len() % 16 != 0 || (!packed.is_empty() && !indexes.is_empty()) {
+        if per_frame || packed.len() % 16 != 0 || (!packed.is_empty() && frames.len() > start) {
             return None;
         }
         if !packed.is_empty() {
@@ -346,25 +348,43 @@ pub(crate) fn decode_skipping<'k>(
                     .collect()
             });
             for c in packed.chunks_exact(16) {
-                indexes.push(*at.get(&id(c)?)?);
+                frames.push(*at.get(&id(c)?)?);
             }
         }
-        let sid = id(sid)?;
-        let keep = known.is_none_or(|k| !k.stacks.contains_key(&sid));
-        let mut stack = Vec::with_capacity(if keep { indexes.len() } else { 0 });
-        for &i in &indexes {
-            let l = *location_ids.get(i as usize)?;
-            if keep {
-                stack.push(l);
-                needed[i as usize] = true;
-            }
+        if frames[start..]
+            .iter()
+            .any(|&i| i as usize >= location_ids.len())
+        {
+            return None;
         }
-        if keep {
-            symbols
-                .stacks
-                .insert(sid, model::Stack { locations: stack });
+        stack_ids.push(id(sid)?);
+        frame_ends.push(frames.len());
+    }
+    // Which stacks the head lacks, asked in one loop of lookups and
+    // nothing else: in a large head each lookup misses the cache, and
+    // with no other work between them the processor overlaps the misses.
+    let keep: Vec<bool> = match known {
+        None => vec![true; stack_ids.len()],
+        Some(k) => stack_ids
+            .iter()
+            .map(|sid| !k.stacks.contains_key(sid))
+            .collect(),
+    };
+    let mut start = 0;
+    for ((&sid, &end), keep) in stack_ids.iter().zip(&frame_ends).zip(keep) {
+        let positions = &frames[start..end];
+        start = end;
+        if !keep {
+            continue;
         }
-        stack_ids.push(sid);
+        let mut stack = Vec::with_capacity(positions.len());
+        for &i in positions {
+            stack.push(*location_ids.get(i as usize)?);
+            *needed.get_mut(i as usize)? = true;
+        }
+        symbols
+            .stacks
+            .insert(sid, model::Stack { locations: stack });
     }
     // The record's stack ids as a set, for samples that name their stack
     // by id (formats 2 and 3): built at the first one.
