@@ -150,14 +150,6 @@ impl PartialEq for Symbols {
 /// tells whether it still describes a table (the same location and stack
 /// ids; content-addressed stacks then have the same frames), and the
 /// table's own mutators drop it.
-/// A table's locations and stacks in the order of a [`FrameIndex`] that
-/// describes it ([`FrameIndex::resolve`]).
-#[derive(Debug)]
-pub struct ResolvedIndex<'a> {
-    pub locations: Vec<(&'a Id, &'a Location)>,
-    pub stacks: Vec<(&'a Id, &'a Stack)>,
-}
-
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FrameIndex {
     /// Every location id of the table, once each, in record order.
@@ -169,6 +161,14 @@ pub struct FrameIndex {
     pub indexes: Vec<u32>,
 }
 
+/// A table's locations and stacks in the order of a [`FrameIndex`] that
+/// describes it ([`FrameIndex::resolve`]).
+#[derive(Debug)]
+pub struct ResolvedIndex<'a> {
+    pub locations: Vec<(&'a Id, &'a Location)>,
+    pub stacks: Vec<(&'a Id, &'a Stack)>,
+}
+
 impl FrameIndex {
     /// Whether this describes `s`: as many locations and stacks, each of
     /// them in `s`, with as many frames as `s` gives it, and every index
@@ -178,9 +178,9 @@ impl FrameIndex {
         self.resolve(s).is_some()
     }
 
-    /// `s`'s entries in this index's order, when it [`matches`]
-    /// (`FrameIndex::matches`) `s`: the check and the lookups a record's
-    /// encoder needs are the same, one per location and per stack.
+    /// `s`'s entries in this index's order, when this describes `s` (as
+    /// [`FrameIndex::matches`] checks): the check is the lookups a
+    /// record's encoder needs anyway, one per location and per stack.
     pub fn resolve<'a>(&self, s: &'a Symbols) -> Option<ResolvedIndex<'a>> {
         if self.locations.len() != s.locations.len()
             || self.stacks.len() != s.stacks.len()

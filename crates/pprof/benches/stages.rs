@@ -164,8 +164,10 @@ fn main() {
     };
 
     // A head that holds the whole corpus's symbols, as an ingester's
-    // does after a while of a steady stream: lookups in a table this
-    // large miss the cache, as they do in a cluster.
+    // does after a while of a steady stream. On one quiet thread a table
+    // of this size still fits the last-level cache, so this shows less of
+    // the lookups' cost than a cluster's busy ingesters pay
+    // (docs/benchmarks.md).
     let mut head = fathom_model::Symbols::default();
     for b in &batches {
         head.merge_owned(b.symbols.clone());

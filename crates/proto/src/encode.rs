@@ -303,15 +303,11 @@ pub(crate) struct SampleStacks {
 }
 
 impl SampleStacks {
-    /// The `k`th profile's positions, if it is written by position.
-    pub(crate) fn of(&self, k: usize) -> Option<&[u32]> {
-        let (start, end, _) = (*self.profiles.get(k)?)?;
-        self.positions.get(start..end)
-    }
-
-    /// The packed length of the `k`th profile's positions.
-    fn packed_len(&self, k: usize) -> Option<usize> {
-        Some((*self.profiles.get(k)?)?.2)
+    /// The `k`th profile's positions and their packed length, if it is
+    /// written by position.
+    pub(crate) fn of(&self, k: usize) -> Option<(&[u32], usize)> {
+        let (start, end, packed) = (*self.profiles.get(k)?)?;
+        Some((self.positions.get(start..end)?, packed))
     }
 }
 
@@ -346,7 +342,7 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         .iter()
         .zip(&types)
         .enumerate()
-        .map(|(k, (p, t))| profile_len(p, t, positions.packed_len(k)))
+        .map(|(k, (p, t))| profile_len(p, t, positions.of(k).map(|(_, n)| n)))
         .collect();
     let total = bytes_len(1, b.tenant.as_str().as_bytes())
         + repeated_len(2, &profile_lens, |&l| l)
@@ -374,9 +370,9 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
         put_varint(&mut buf, 4, p.time_nanos as u64);
         put_varint(&mut buf, 5, p.duration_nanos as u64);
         put_varint(&mut buf, 6, p.period as u64);
-        match (positions.of(k), positions.packed_len(k)) {
+        match positions.of(k) {
             _ if p.samples.is_empty() => {}
-            (Some(at), Some(packed)) => {
+            Some((at, packed)) => {
                 put_header(&mut buf, 8, packed);
                 for &i in at {
                     encode_varint(u64::from(i), &mut buf);

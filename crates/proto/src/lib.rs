@@ -288,38 +288,45 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
                 .profiles
                 .iter()
                 .enumerate()
-                .map(|(k, p)| ingester::Profile {
-                    id: p.id.0.to_vec(),
-                    profile_type: p.profile_type.to_string(),
-                    labels: p
-                        .labels
-                        .iter()
-                        .map(|(k, v)| ingester::Label {
-                            name: k.to_owned(),
-                            value: v.to_owned(),
-                        })
-                        .collect(),
-                    time_nanos: p.time_nanos,
-                    duration_nanos: p.duration_nanos,
-                    period: p.period,
+                .map(|(k, p)| {
                     // Format 4: the samples as columns, unless one's stack
                     // is missing from the request (then by id).
-                    samples: match positions.of(k) {
-                        Some(_) => Vec::new(),
-                        None => p
-                            .samples
+                    let (samples, sample_stacks, sample_values) = match positions.of(k) {
+                        Some((at, _)) => (
+                            Vec::new(),
+                            at.to_vec(),
+                            p.samples.iter().map(|x| x.value).collect(),
+                        ),
+                        None => (
+                            p.samples
+                                .iter()
+                                .map(|x| ingester::Sample {
+                                    stack_id: x.stack.0.to_vec(),
+                                    value: x.value,
+                                })
+                                .collect(),
+                            Vec::new(),
+                            Vec::new(),
+                        ),
+                    };
+                    ingester::Profile {
+                        id: p.id.0.to_vec(),
+                        profile_type: p.profile_type.to_string(),
+                        labels: p
+                            .labels
                             .iter()
-                            .map(|x| ingester::Sample {
-                                stack_id: x.stack.0.to_vec(),
-                                value: x.value,
+                            .map(|(k, v)| ingester::Label {
+                                name: k.to_owned(),
+                                value: v.to_owned(),
                             })
                             .collect(),
-                    },
-                    sample_stacks: positions.of(k).map(<[u32]>::to_vec).unwrap_or_default(),
-                    sample_values: match positions.of(k) {
-                        Some(_) => p.samples.iter().map(|x| x.value).collect(),
-                        None => Vec::new(),
-                    },
+                        time_nanos: p.time_nanos,
+                        duration_nanos: p.duration_nanos,
+                        period: p.period,
+                        samples,
+                        sample_stacks,
+                        sample_values,
+                    }
                 })
                 .collect(),
             functions,
