@@ -33,9 +33,21 @@ fn secret() -> fathom_api::secret::ClusterSecret {
     fathom_api::secret::ClusterSecret::new("in-process-cluster-secret").unwrap()
 }
 
+/// A loopback address no listener holds now, and that this test process
+/// has not handed out before: the kernel may give a port it just gave
+/// (the probe's listener is closed at once), and two roles of one cluster
+/// then got the same address, one failing to bind.
 fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        if !given.contains(&addr.port()) {
+            given.push(addr.port());
+            return addr;
+        }
+    }
 }
 
 struct Proc {
