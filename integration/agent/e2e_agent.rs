@@ -476,6 +476,25 @@ fn agent_keeps_a_process_that_exits_between_pushes() {
     let f = Fathom::start(&dir.path().join("data"), &[]).unwrap();
     // The default 10 s push interval: the process lives 2 s of it.
     let _agent = Agent::start(&f, dir.path(), &[]);
+    // First a copy of the same binary (same build id) runs other code of
+    // it from another directory, which is removed once it exited: a
+    // container that went away while another runs the same image. The
+    // agent must read the code it has not named yet from the file that is
+    // still there.
+    let gone = tempfile::tempdir().unwrap();
+    let copy = build_c(gone.path(), "hotshort");
+    let first = Workload::spawn(Command::new(&copy).args(["syscall", "60"]));
+    let sel = process(first.pid(), "hotshort");
+    eventually(AGENT_WAIT, || {
+        let s = folded(&f, &sel);
+        if share(&s, |x| x.contains("main;syscall_loop")) > 0 {
+            Ok(())
+        } else {
+            Err(format!("no main;syscall_loop in the copy's {s:#?}"))
+        }
+    });
+    drop(first);
+    drop(gone);
     let mut w = Workload::spawn(Command::new(&hotc).args(["cpu", "2"]));
     let pid = w.pid();
     assert!(w.0.wait().unwrap().success());

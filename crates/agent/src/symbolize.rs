@@ -8,7 +8,9 @@
 //!   (`/proc/<pid>/root/<path>`, else `/proc/<pid>/map_files/…`) the first time
 //!   a process maps it and stays open while used, so frames of a process that
 //!   already exited, or that lives in another mount namespace, still
-//!   symbolize.
+//!   symbolize. Each file mapping the same build id is remembered (a few
+//!   per object), so the code still symbolizes after the copy first seen is
+//!   deleted (its container or directory removed) while another runs.
 //! - Files up to `--dwarf-max-file-size` are symbolized with DWARF (inlined
 //!   functions, lines), read with pread through a small chunk cache
 //!   ([`crate::dwarf`]). Larger ones, the big shared libraries that would
@@ -149,9 +151,13 @@ impl ElfSource {
 /// their hot addresses are known.
 #[derive(Debug)]
 struct ElfFile {
-    source: ElfSource,
-    /// Inode of the mapped file, to notice a path that now names another.
-    inode: u64,
+    /// The files known to hold this code (one build id, mapped from several
+    /// files: copies of one binary in different containers or
+    /// directories), oldest first. A file that no longer opens (its
+    /// directory or container was removed) is dropped and the next one
+    /// read, so the code of a live process never depends on a copy that
+    /// went away.
+    sources: RefCell<Vec<KnownFile>>,
     /// Files up to `--dwarf-max-file-size` are read with DWARF
     /// ([`crate::dwarf`]); larger ones through their ELF symbols only.
     dwarf: bool,
@@ -170,7 +176,65 @@ enum Parsed {
     Symbols(Rc<ElfSymbols>),
 }
 
+/// One file holding an ELF object's code.
+#[derive(Debug)]
+struct KnownFile {
+    source: ElfSource,
+    /// Device (as /proc maps shows it) and inode of the mapped file, to
+    /// notice a path that now names another and a file known already.
+    dev: u64,
+    inode: u64,
+}
+
+/// Files kept per ELF object; a new one past this replaces the oldest
+/// (after those that no longer open are dropped).
+const MAX_SOURCES: usize = 4;
+
 impl ElfFile {
+    fn new(source: ElfSource, dev: u64, inode: u64, dwarf: bool) -> Self {
+        ElfFile {
+            sources: RefCell::new(vec![KnownFile { source, dev, inode }]),
+            dwarf,
+            parsed: RefCell::new(None),
+            used: Cell::new(0),
+            open_cost: Cell::new(Duration::ZERO),
+        }
+    }
+
+    /// Another file holding the same code (same build id); nothing if it
+    /// is known already.
+    fn add_source(&self, source: ElfSource, dev: u64, inode: u64) {
+        let mut sources = self.sources.borrow_mut();
+        if sources.iter().any(|k| k.dev == dev && k.inode == inode) {
+            return;
+        }
+        if sources.len() >= MAX_SOURCES {
+            sources.retain(|k| k.source.open(k.inode).is_ok());
+        }
+        if sources.len() >= MAX_SOURCES {
+            sources.remove(0);
+        }
+        sources.push(KnownFile { source, dev, inode });
+    }
+
+    /// An open handle to the code and a path naming it (see
+    /// [`ElfSource::path`]), from the first known file that still opens;
+    /// those that do not are forgotten.
+    fn open(&self) -> std::io::Result<(fs::File, PathBuf)> {
+        let mut sources = self.sources.borrow_mut();
+        let mut last = std::io::Error::other("no file holds it any more");
+        while let Some(k) = sources.first() {
+            match k.source.open(k.inode) {
+                Ok(f) => return Ok((f, k.source.path())),
+                Err(e) => {
+                    last = e;
+                    sources.remove(0);
+                }
+            }
+        }
+        Err(last)
+    }
+
     fn parsed(&self, name: &str, interval: u64) -> Option<Parsed> {
         self.used.set(interval);
         if let Some(r) = &*self.parsed.borrow() {
@@ -178,17 +242,15 @@ impl ElfFile {
         }
         let t0 = Instant::now();
         let r = if self.dwarf {
-            self.source
-                .open(self.inode)
+            self.open()
                 .map_err(anyhow::Error::from)
-                .and_then(|f| DwarfResolver::open(f, &self.source.path()))
+                .and_then(|(f, path)| DwarfResolver::open(f, &path))
                 .map(|r| Parsed::Dwarf(Rc::new(r)))
                 .map_err(|e| format!("{e:#}"))
         } else {
-            self.source
-                .open(self.inode)
+            self.open()
                 .map_err(|e| e.to_string())
-                .and_then(|f| ElfSymbols::read(f).map_err(|e| crate::chain(&e)))
+                .and_then(|(f, _)| ElfSymbols::read(f).map_err(|e| crate::chain(&e)))
                 .map(|s| Parsed::Symbols(Rc::new(s)))
         };
         // Parsing grows the heap transiently (a big symbol table by its raw
@@ -540,6 +602,9 @@ impl Symbolizer {
                 .and_then(|id| self.objects.get(id))
         {
             let o = o.clone();
+            if let Kind::Elf(Some(f)) = &o.kind {
+                f.add_source(source, dev, inode);
+            }
             self.by_file.insert(key, o.id);
             return o;
         }
@@ -553,14 +618,7 @@ impl Symbolizer {
             });
         }
         let size = meta.as_ref().map_or(0, |m| m.size());
-        let file = ElfFile {
-            source,
-            inode,
-            dwarf: size <= self.dwarf_max_file_size,
-            parsed: RefCell::new(None),
-            used: Cell::new(0),
-            open_cost: Cell::new(Duration::ZERO),
-        };
+        let file = ElfFile::new(source, dev, inode, size <= self.dwarf_max_file_size);
         let o = self.add(shown.to_owned(), build_id.clone(), Kind::Elf(Some(file)));
         self.by_file.insert(key, o.id);
         if !build_id.is_empty() {
@@ -1003,6 +1061,45 @@ mod tests {
             })
             .unwrap();
         assert_eq!(maps_dev(m.dev()), mine);
+    }
+
+    #[test]
+    fn code_outlives_the_copy_it_was_first_read_from() {
+        let pid = std::process::id();
+        let addr = marker_function_for_symbolizer_test();
+        let maps = Proc::default().maps(pid).unwrap();
+        let m = find_mapping(&maps, addr).unwrap().clone();
+        let Backing::File { path, dev, inode } = &m.backing else {
+            panic!("own code not file-backed: {m:?}");
+        };
+        // A copy of this binary (same build id, another inode) is seen
+        // first, then the binary itself; then the copy is deleted.
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("copy");
+        fs::copy(path, &copy).unwrap();
+        let meta = fs::metadata(&copy).unwrap();
+        let copy_name = copy.to_str().unwrap();
+        let mut s = Symbolizer::new(SymbolTable::default(), DEFAULT_DWARF_MAX);
+        let first = s.elf(pid, copy_name, maps_dev(meta.dev()), meta.ino(), 0, 0);
+        let own = s.elf(pid, path, *dev, *inode, m.start, m.end);
+        assert_eq!(first.id, own.id, "one build id, one object");
+        assert_eq!(elf_file(&own).sources.borrow().len(), 2);
+        // Known already: not added twice.
+        s.elf(pid, path, *dev, *inode, m.start, m.end);
+        assert_eq!(elf_file(&own).sources.borrow().len(), 2);
+        drop(dir);
+        let lines = s.lines(own.id, addr - m.start + m.offset);
+        assert!(
+            lines
+                .last()
+                .is_some_and(|l| l.function.ends_with("marker_function_for_symbolizer_test")),
+            "{lines:?}"
+        );
+        assert_eq!(
+            elf_file(&own).sources.borrow().len(),
+            1,
+            "the deleted copy is forgotten"
+        );
     }
 
     #[test]
