@@ -63,11 +63,11 @@ impl SamplesBuilder {
         }
     }
 
-    /// [`SamplesBuilder::push_profile`] for an owner of `p` that knows its
-    /// series id: sorts `p.samples` by stack in place instead of copying
-    /// them (the head's write path).
-    pub fn push_owned_profile(&mut self, p: &mut Profile, series_id: &Id) {
-        p.samples.sort_unstable_by_key(|s| s.stack);
+    /// Appends every sample of `p`, in `p`'s order, for a caller that
+    /// knows its series id (the head's write path: nothing reading a head
+    /// needs its rows in any order, and [`BlockData::samples`] need not be
+    /// sorted, so sorting each profile would be wasted).
+    pub fn push_profile_as_is(&mut self, p: &Profile, series_id: &Id) {
         for s in &p.samples {
             self.push(series_id, p.time_nanos, &p.id, &s.stack, s.value);
         }

@@ -1,9 +1,9 @@
 //! The per-tenant in-memory head: what has been acknowledged and not yet
 //! cut into a block, in the same row layout as a block's sample table.
 
-use arrow::array::RecordBatch;
+use arrow::array::{BooleanArray, BooleanBufferBuilder, RecordBatch};
 use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow, samples_schema};
-use fathom_model::{IdMap, IdSet, IngestBatch, Symbols};
+use fathom_model::{Id, IdMap, IdSet, IngestBatch, Profile, Symbols};
 
 /// Recent small sample batches are concatenated into one chunk when there
 /// are this many, so a head holds few batches without copying old data again.
@@ -24,36 +24,121 @@ pub(crate) struct TenantHead {
     pub(crate) bytes: usize,
 }
 
+/// A batch made ready for a head outside the head's write lock: its
+/// sample rows built with no lock and, with a shared one, the symbols the
+/// head already holds dropped ([`Prepared::drop_known`]). What is left
+/// under the write lock is inserting ids and the new symbols.
+pub(crate) struct Prepared {
+    profiles: Vec<Profile>,
+    series_ids: Vec<Id>,
+    /// Every profile's sample rows, in profile order.
+    rows: RecordBatch,
+    /// Where each profile's rows end in `rows`.
+    row_ends: Vec<usize>,
+    symbols: Symbols,
+}
+
+impl Prepared {
+    /// Builds `batch`'s sample rows.
+    pub(crate) fn new(batch: IngestBatch) -> Self {
+        let IngestBatch {
+            profiles, symbols, ..
+        } = batch;
+        let mut b = SamplesBuilder::with_capacity(profiles.iter().map(|p| p.samples.len()).sum());
+        let mut series_ids = Vec::with_capacity(profiles.len());
+        let mut row_ends = Vec::with_capacity(profiles.len());
+        for p in &profiles {
+            let sid = p.series_id();
+            b.push_profile_as_is(p, &sid);
+            series_ids.push(sid);
+            row_ends.push(b.len());
+        }
+        Prepared {
+            profiles,
+            series_ids,
+            rows: b.finish(),
+            row_ends,
+            symbols,
+        }
+    }
+
+    /// Drops the symbols `known` (the table of the head the batch goes
+    /// to) holds already. Only lookups touch `known`, so the caller needs
+    /// a shared lock only, writers side by side; the head must stay the
+    /// one the batch is applied to (no cut in between), or the symbols
+    /// dropped would be missing from it.
+    pub(crate) fn drop_known(&mut self, known: &Symbols) {
+        let s = &mut self.symbols;
+        s.stacks.retain(|id, _| !known.stacks.contains_key(id));
+        s.locations
+            .retain(|id, _| !known.locations.contains_key(id));
+        s.functions
+            .retain(|id, _| !known.functions.contains_key(id));
+        s.mappings.retain(|id, _| !known.mappings.contains_key(id));
+    }
+}
+
 impl TenantHead {
     /// Adds a batch; profiles whose id is already present are skipped
     /// (replays and retries are idempotent). Returns the samples added.
     /// Takes the batch by value: its symbols move into the head's table
     /// (new entries only), nothing is cloned.
     pub(crate) fn apply(&mut self, batch: IngestBatch) -> usize {
-        let mut b = SamplesBuilder::with_capacity(batch.sample_count());
-        let IngestBatch {
-            profiles, symbols, ..
-        } = batch;
-        for mut p in profiles {
-            if !self.profile_ids.insert(p.id) {
+        self.apply_prepared(Prepared::new(batch))
+    }
+
+    /// [`TenantHead::apply`] of a batch prepared outside the lock.
+    pub(crate) fn apply_prepared(&mut self, prepared: Prepared) -> usize {
+        let Prepared {
+            profiles,
+            series_ids,
+            rows,
+            row_ends,
+            symbols,
+        } = prepared;
+        // Profiles already held (a retry, a replay) are left out.
+        let mut keep = Vec::with_capacity(profiles.len());
+        for (p, sid) in profiles.iter().zip(&series_ids) {
+            let new = self.profile_ids.insert(p.id);
+            keep.push(new);
+            if !new {
                 continue;
             }
-            let sid = p.series_id();
             self.series
-                .entry(sid)
-                .or_insert_with(|| SeriesRow::of(&p))
+                .entry(*sid)
+                .or_insert_with(|| SeriesRow::of(p))
                 .include(p.time_nanos);
-            self.profiles.push(ProfileRow::of(&p, sid));
-            b.push_owned_profile(&mut p, &sid);
+            self.profiles.push(ProfileRow::of(p, *sid));
         }
-        let added = b.len();
+        let rows = if keep.iter().all(|&k| k) {
+            rows
+        } else {
+            let mut mask = BooleanBufferBuilder::new(rows.num_rows());
+            let mut start = 0;
+            for (&end, &k) in row_ends.iter().zip(&keep) {
+                mask.append_n(end - start, k);
+                start = end;
+            }
+            match arrow::compute::filter_record_batch(
+                &rows,
+                &BooleanArray::new(mask.finish(), None),
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    // The mask has the batch's length by construction.
+                    tracing::warn!(error = %e, "could not leave out repeated profiles' rows");
+                    return 0;
+                }
+            }
+        };
+        let added = rows.num_rows();
         if added == 0 {
             return 0;
         }
         let before = self.symbols.stacks.len() + self.symbols.locations.len();
         self.symbols.merge_owned(symbols);
         let new_syms = self.symbols.stacks.len() + self.symbols.locations.len() - before;
-        self.recent.push(b.finish());
+        self.recent.push(rows);
         if self.recent.len() >= RECENT_BATCHES {
             match arrow::compute::concat_batches(&samples_schema(), &self.recent) {
                 Ok(chunk) => {
@@ -124,5 +209,90 @@ impl HeadSnapshot {
                 .cloned(),
         );
         self.samples.extend(h.batches().cloned());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    use fathom_model::{Function, IdHasher, Labels, Line, Location, Sample, Stack, TenantId};
+
+    /// A batch of one profile per `(seed, value)`, each with one sample of
+    /// a stack of its own function named after the seed.
+    fn batch(profiles: &[(u64, i64)]) -> IngestBatch {
+        let mut symbols = Symbols::default();
+        let profiles = profiles
+            .iter()
+            .map(|&(seed, value)| {
+                let f = symbols.add_function(Function {
+                    name: format!("f{seed}"),
+                    ..Default::default()
+                });
+                let l = symbols.add_location(Location {
+                    address: seed,
+                    lines: vec![Line {
+                        function: f,
+                        line: 1,
+                    }],
+                    ..Default::default()
+                });
+                let stack = symbols.add_stack(Stack { locations: vec![l] });
+                Profile {
+                    id: IdHasher::new("test").u64(seed).finish(),
+                    profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+                        .parse()
+                        .unwrap(),
+                    labels: Labels::from_pairs([("service_name", "svc")]).unwrap(),
+                    time_nanos: 1_000 + seed as i64,
+                    duration_nanos: 10,
+                    period: 1,
+                    samples: vec![Sample { stack, value }],
+                }
+            })
+            .collect();
+        IngestBatch {
+            tenant: TenantId::new("t").unwrap(),
+            profiles,
+            symbols,
+        }
+    }
+
+    fn values(h: &TenantHead) -> Vec<i64> {
+        let mut v: Vec<i64> = h
+            .batches()
+            .flat_map(|b| b.column(4).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn a_prepared_batch_leaves_out_profiles_held_and_symbols_known() {
+        let mut h = TenantHead::default();
+        assert_eq!(h.apply(batch(&[(1, 10), (2, 20)])), 2);
+        // Profile 2 again (a retry) beside a new one, 3.
+        let mut p = Prepared::new(batch(&[(2, 20), (3, 30)]));
+        p.drop_known(&h.symbols);
+        assert_eq!(p.symbols.stacks.len(), 1, "profile 2's stack is known");
+        assert_eq!(p.symbols.functions.len(), 1);
+        assert_eq!(h.apply_prepared(p), 1);
+        assert_eq!(values(&h), [10, 20, 30]);
+        assert_eq!(h.profiles.len(), 3);
+        assert_eq!(h.symbols.stacks.len(), 3);
+        // Every stack the head's rows name is in its table.
+        for b in h.batches() {
+            for id in b.column(3).as_fixed_size_binary().iter().flatten() {
+                let id = Id(id.try_into().unwrap());
+                assert!(h.symbols.stacks.contains_key(&id), "{id:?}");
+            }
+        }
+        // All held: nothing added, nothing merged.
+        let mut p = Prepared::new(batch(&[(1, 10), (3, 30)]));
+        p.drop_known(&h.symbols);
+        assert!(p.symbols.is_empty());
+        assert_eq!(h.apply_prepared(p), 0);
+        assert_eq!(values(&h), [10, 20, 30]);
     }
 }

@@ -358,7 +358,7 @@ impl Ingester {
     pub async fn write(&self, batch: IngestBatch) -> Result<usize, Error> {
         let rec = fathom_proto::encode_write_request(&batch);
         let _g = self.gate.read().await;
-        self.write_batch(batch, rec.into()).await
+        self.write_batch(batch, rec.into(), false).await
     }
 
     /// [`Ingester::write`] of a replicated record: the encoded
@@ -385,12 +385,20 @@ impl Ingester {
         span.record("tenant", tracing::field::display(&batch.tenant));
         span.record("profiles", batch.profiles.len() as i64);
         span.record("samples", batch.sample_count() as i64);
-        self.write_batch(batch, record).await
+        self.write_batch(batch, record, true).await
     }
 
     /// Appends `rec`, the encoding of `batch`, to the WAL, then applies
     /// `batch` to its tenant's head. The caller holds the gate (shared).
-    async fn write_batch(&self, batch: IngestBatch, rec: bytes::Bytes) -> Result<usize, Error> {
+    /// `skipped`: the batch's symbols are only those the head lacked when
+    /// it was decoded (the rest were skipped), so they are not looked up
+    /// again.
+    async fn write_batch(
+        &self,
+        batch: IngestBatch,
+        rec: bytes::Bytes,
+        skipped: bool,
+    ) -> Result<usize, Error> {
         let held = self.state.read().held();
         if held >= self.cfg.max_head_memory {
             self.m.head_full.inc();
@@ -402,10 +410,19 @@ impl Ingester {
         self.check_series(&batch)?;
         self.wal.append(rec).await?;
         let profiles = batch.profiles.len();
+        let tenant = batch.tenant.to_string();
+        // The sample rows built with no lock; under the shared one
+        // (writers side by side), the batch's symbols looked up in the
+        // head and those it holds dropped. The caller's gate keeps the
+        // head from being cut before the batch is applied to it.
+        let mut prepared = head::Prepared::new(batch);
+        if !skipped && let Some(h) = self.state.read().active.get(&tenant) {
+            prepared.drop_known(&h.symbols);
+        }
         let mut st = self.state.write();
-        let h = st.active.entry(batch.tenant.to_string()).or_default();
+        let h = st.active.entry(tenant).or_default();
         let before = h.bytes;
-        let added = h.apply(batch);
+        let added = h.apply_prepared(prepared);
         let grown = h.bytes - before;
         st.active_bytes += grown;
         self.m.head_bytes.set(st.active_bytes as i64);
