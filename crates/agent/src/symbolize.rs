@@ -910,6 +910,18 @@ mod tests {
         std::hint::black_box(marker_function_for_symbolizer_test as *const () as u64)
     }
 
+    /// The mapping of this test binary holding `addr`, with its file's
+    /// path, device and inode.
+    fn own_mapping(addr: u64) -> (crate::procfs::Mapping, String, u64, u64) {
+        let maps = Proc::default().maps(std::process::id()).unwrap();
+        let m = find_mapping(&maps, addr).unwrap().clone();
+        let Backing::File { path, dev, inode } = &m.backing else {
+            panic!("own code not file-backed: {m:?}");
+        };
+        let (path, dev, inode) = (path.clone(), *dev, *inode);
+        (m, path, dev, inode)
+    }
+
     #[test]
     fn demangles() {
         assert_eq!(demangle("_ZN3foo3bar17h0123456789abcdefE"), "foo::bar");
@@ -922,16 +934,12 @@ mod tests {
     fn symbolizes_own_function_by_file_offset() {
         let pid = std::process::id();
         let addr = marker_function_for_symbolizer_test();
-        let maps = Proc::default().maps(pid).unwrap();
-        let m = find_mapping(&maps, addr).unwrap().clone();
-        let Backing::File { path, dev, inode } = &m.backing else {
-            panic!("own code not file-backed: {m:?}");
-        };
+        let (m, path, dev, inode) = own_mapping(addr);
         let mut s = Symbolizer::new(SymbolTable::default(), DEFAULT_DWARF_MAX);
-        let o = s.elf(pid, path, *dev, *inode, m.start, m.end);
+        let o = s.elf(pid, &path, dev, inode, m.start, m.end);
         assert!(!o.build_id.is_empty(), "rustc emits a build id");
         // Same file again: same object.
-        let o2 = s.elf(pid, path, *dev, *inode, m.start, m.end);
+        let o2 = s.elf(pid, &path, dev, inode, m.start, m.end);
         assert_eq!(o.id, o2.id);
         let off = addr - m.start + m.offset;
         let lines = s.lines(o.id, off);
@@ -952,12 +960,8 @@ mod tests {
     /// The object of this test binary, and the file offset of `addr` in it.
     fn own_object(s: &mut Symbolizer, addr: u64) -> (Rc<Object>, u64) {
         let pid = std::process::id();
-        let maps = Proc::default().maps(pid).unwrap();
-        let m = find_mapping(&maps, addr).unwrap().clone();
-        let Backing::File { path, dev, inode } = &m.backing else {
-            panic!("own code not file-backed: {m:?}");
-        };
-        let o = s.elf(pid, path, *dev, *inode, m.start, m.end);
+        let (m, path, dev, inode) = own_mapping(addr);
+        let o = s.elf(pid, &path, dev, inode, m.start, m.end);
         (o, addr - m.start + m.offset)
     }
 
@@ -1067,25 +1071,21 @@ mod tests {
     fn code_outlives_the_copy_it_was_first_read_from() {
         let pid = std::process::id();
         let addr = marker_function_for_symbolizer_test();
-        let maps = Proc::default().maps(pid).unwrap();
-        let m = find_mapping(&maps, addr).unwrap().clone();
-        let Backing::File { path, dev, inode } = &m.backing else {
-            panic!("own code not file-backed: {m:?}");
-        };
+        let (m, path, dev, inode) = own_mapping(addr);
         // A copy of this binary (same build id, another inode) is seen
         // first, then the binary itself; then the copy is deleted.
         let dir = tempfile::tempdir().unwrap();
         let copy = dir.path().join("copy");
-        fs::copy(path, &copy).unwrap();
+        fs::copy(&path, &copy).unwrap();
         let meta = fs::metadata(&copy).unwrap();
         let copy_name = copy.to_str().unwrap();
         let mut s = Symbolizer::new(SymbolTable::default(), DEFAULT_DWARF_MAX);
         let first = s.elf(pid, copy_name, maps_dev(meta.dev()), meta.ino(), 0, 0);
-        let own = s.elf(pid, path, *dev, *inode, m.start, m.end);
+        let own = s.elf(pid, &path, dev, inode, m.start, m.end);
         assert_eq!(first.id, own.id, "one build id, one object");
         assert_eq!(elf_file(&own).sources.borrow().len(), 2);
         // Known already: not added twice.
-        s.elf(pid, path, *dev, *inode, m.start, m.end);
+        s.elf(pid, &path, dev, inode, m.start, m.end);
         assert_eq!(elf_file(&own).sources.borrow().len(), 2);
         drop(dir);
         let lines = s.lines(own.id, addr - m.start + m.offset);

@@ -217,46 +217,20 @@ mod tests {
     use super::*;
     use arrow::array::AsArray;
     use arrow::datatypes::Int64Type;
-    use fathom_model::{Function, IdHasher, Labels, Line, Location, Sample, Stack, TenantId};
 
-    /// A batch of one profile per `(seed, value)`, each with one sample of
-    /// a stack of its own function named after the seed.
+    /// One batch of the test batches of `(seed, value)`.
     fn batch(profiles: &[(u64, i64)]) -> IngestBatch {
-        let mut symbols = Symbols::default();
-        let profiles = profiles
-            .iter()
-            .map(|&(seed, value)| {
-                let f = symbols.add_function(Function {
-                    name: format!("f{seed}"),
-                    ..Default::default()
-                });
-                let l = symbols.add_location(Location {
-                    address: seed,
-                    lines: vec![Line {
-                        function: f,
-                        line: 1,
-                    }],
-                    ..Default::default()
-                });
-                let stack = symbols.add_stack(Stack { locations: vec![l] });
-                Profile {
-                    id: IdHasher::new("test").u64(seed).finish(),
-                    profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
-                        .parse()
-                        .unwrap(),
-                    labels: Labels::from_pairs([("service_name", "svc")]).unwrap(),
-                    time_nanos: 1_000 + seed as i64,
-                    duration_nanos: 10,
-                    period: 1,
-                    samples: vec![Sample { stack, value }],
-                }
-            })
-            .collect();
-        IngestBatch {
-            tenant: TenantId::new("t").unwrap(),
-            profiles,
-            symbols,
+        let mut out = IngestBatch {
+            tenant: fathom_model::TenantId::new("t").unwrap(),
+            profiles: Vec::new(),
+            symbols: Symbols::default(),
+        };
+        for &(seed, value) in profiles {
+            let b = crate::tests::batch("t", seed, value);
+            out.profiles.extend(b.profiles);
+            out.symbols.merge_owned(b.symbols);
         }
+        out
     }
 
     fn values(h: &TenantHead) -> Vec<i64> {
@@ -275,8 +249,12 @@ mod tests {
         // Profile 2 again (a retry) beside a new one, 3.
         let mut p = Prepared::new(batch(&[(2, 20), (3, 30)]));
         p.drop_known(&h.symbols);
-        assert_eq!(p.symbols.stacks.len(), 1, "profile 2's stack is known");
-        assert_eq!(p.symbols.functions.len(), 1);
+        let s = &p.symbols;
+        assert_eq!(
+            (s.stacks.len(), s.locations.len(), s.functions.len()),
+            (1, 1, 0),
+            "only profile 3's stack and location are new"
+        );
         assert_eq!(h.apply_prepared(p), 1);
         assert_eq!(values(&h), [10, 20, 30]);
         assert_eq!(h.profiles.len(), 3);

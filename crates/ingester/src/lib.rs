@@ -615,14 +615,16 @@ mod tests {
     use fathom_model::*;
     use object_store::memory::InMemory;
 
-    fn batch(tenant: &str, seed: u64, value: i64) -> IngestBatch {
+    /// One profile of one sample, at a location of its own (`address` is
+    /// the seed) in a function all share.
+    pub(crate) fn batch(tenant: &str, seed: u64, value: i64) -> IngestBatch {
         let mut symbols = Symbols::default();
         let f = symbols.add_function(Function {
             name: "main".into(),
             ..Default::default()
         });
         let l = symbols.add_location(Location {
-            address: 1,
+            address: seed,
             lines: vec![Line {
                 function: f,
                 line: 1,
