@@ -1,7 +1,7 @@
 //! The per-tenant in-memory head: what has been acknowledged and not yet
 //! cut into a block, in the same row layout as a block's sample table.
 
-use arrow::array::{BooleanArray, BooleanBufferBuilder, RecordBatch};
+use arrow::array::RecordBatch;
 use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow, samples_schema};
 use fathom_model::{Id, IdMap, IdSet, IngestBatch, Profile, Symbols};
 
@@ -33,8 +33,6 @@ pub(crate) struct Prepared {
     series_ids: Vec<Id>,
     /// Every profile's sample rows, in profile order.
     rows: RecordBatch,
-    /// Where each profile's rows end in `rows`.
-    row_ends: Vec<usize>,
     symbols: Symbols,
 }
 
@@ -44,38 +42,44 @@ impl Prepared {
         let IngestBatch {
             profiles, symbols, ..
         } = batch;
-        let mut b = SamplesBuilder::with_capacity(profiles.iter().map(|p| p.samples.len()).sum());
-        let mut series_ids = Vec::with_capacity(profiles.len());
-        let mut row_ends = Vec::with_capacity(profiles.len());
-        for p in &profiles {
-            let sid = p.series_id();
-            b.push_profile_as_is(p, &sid);
-            series_ids.push(sid);
-            row_ends.push(b.len());
-        }
+        let series_ids: Vec<Id> = profiles.iter().map(Profile::series_id).collect();
+        let rows = sample_rows(&profiles, &series_ids, |_| true);
         Prepared {
             profiles,
             series_ids,
-            rows: b.finish(),
-            row_ends,
+            rows,
             symbols,
         }
     }
 
     /// Drops the symbols `known` (the table of the head the batch goes
-    /// to) holds already. Only lookups touch `known`, so the caller needs
-    /// a shared lock only, writers side by side; the head must stay the
-    /// one the batch is applied to (no cut in between), or the symbols
-    /// dropped would be missing from it.
+    /// to) holds already. The caller needs a shared lock on it only,
+    /// writers side by side; the head must stay the one the batch is
+    /// applied to (no cut in between), or the symbols dropped would be
+    /// missing from it.
     pub(crate) fn drop_known(&mut self, known: &Symbols) {
-        let s = &mut self.symbols;
-        s.stacks.retain(|id, _| !known.stacks.contains_key(id));
-        s.locations
-            .retain(|id, _| !known.locations.contains_key(id));
-        s.functions
-            .retain(|id, _| !known.functions.contains_key(id));
-        s.mappings.retain(|id, _| !known.mappings.contains_key(id));
+        self.symbols.remove_held_by(known);
     }
+}
+
+/// The sample rows of the profiles `keep` selects (by position).
+fn sample_rows(
+    profiles: &[Profile],
+    series_ids: &[Id],
+    keep: impl Fn(usize) -> bool,
+) -> RecordBatch {
+    let kept = || {
+        profiles
+            .iter()
+            .zip(series_ids)
+            .enumerate()
+            .filter(|(i, _)| keep(*i))
+    };
+    let mut b = SamplesBuilder::with_capacity(kept().map(|(_, (p, _))| p.samples.len()).sum());
+    for (_, (p, sid)) in kept() {
+        b.push_profile_as_is(p, sid);
+    }
+    b.finish()
 }
 
 impl TenantHead {
@@ -93,7 +97,6 @@ impl TenantHead {
             profiles,
             series_ids,
             rows,
-            row_ends,
             symbols,
         } = prepared;
         // Profiles already held (a retry, a replay) are left out.
@@ -110,26 +113,11 @@ impl TenantHead {
                 .include(p.time_nanos);
             self.profiles.push(ProfileRow::of(p, *sid));
         }
+        // Rare: the rows are built again without them.
         let rows = if keep.iter().all(|&k| k) {
             rows
         } else {
-            let mut mask = BooleanBufferBuilder::new(rows.num_rows());
-            let mut start = 0;
-            for (&end, &k) in row_ends.iter().zip(&keep) {
-                mask.append_n(end - start, k);
-                start = end;
-            }
-            match arrow::compute::filter_record_batch(
-                &rows,
-                &BooleanArray::new(mask.finish(), None),
-            ) {
-                Ok(r) => r,
-                Err(e) => {
-                    // The mask has the batch's length by construction.
-                    tracing::warn!(error = %e, "could not leave out repeated profiles' rows");
-                    return 0;
-                }
-            }
+            sample_rows(&profiles, &series_ids, |i| keep[i])
         };
         let added = rows.num_rows();
         if added == 0 {

@@ -352,6 +352,20 @@ impl Symbols {
         }
     }
 
+    /// Removes the entries `held` has too (by id): what is left is what
+    /// merging into `held` would add. Only reads `held`, so a head's table
+    /// can be asked under a shared lock.
+    pub fn remove_held_by(&mut self, held: &Symbols) {
+        self.frame_index = None;
+        self.stacks.retain(|id, _| !held.stacks.contains_key(id));
+        self.locations
+            .retain(|id, _| !held.locations.contains_key(id));
+        self.functions
+            .retain(|id, _| !held.functions.contains_key(id));
+        self.mappings
+            .retain(|id, _| !held.mappings.contains_key(id));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.stacks.is_empty()
     }
