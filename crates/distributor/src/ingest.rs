@@ -191,6 +191,10 @@ pub struct DecodeContext {
     /// that carry many profiles, such as OTLP).
     pub max_profiles: usize,
     pub max_labels: usize,
+    /// The stacks the ingester this write goes to holds, when it is in
+    /// this process ([`IngesterWriter::held_stacks`](crate::IngesterWriter::held_stacks)):
+    /// the pprof normalizer leaves them out of the batch.
+    pub held: Option<std::sync::Arc<dyn fathom_model::HeldStacks>>,
 }
 
 impl Distributor {
@@ -240,8 +244,9 @@ impl Distributor {
         }
         let metrics = self.metrics.clone();
         let t = tenant.clone();
+        let held = self.writer.held_stacks(&tenant);
         let (profiles, symbols) =
-            tokio::task::spawn_blocking(move || decode_all(&t, payloads, &limits, &metrics))
+            tokio::task::spawn_blocking(move || decode_all(&t, payloads, &limits, &metrics, held))
                 .await
                 .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
         let (profiles, samples) = self
@@ -279,7 +284,7 @@ pub fn decode_payloads(
     payloads: Vec<Payload>,
     limits: &crate::Limits,
 ) -> Result<(Vec<fathom_model::Profile>, Symbols), ApiError> {
-    decode_all(tenant, payloads, limits, &crate::Metrics::default())
+    decode_all(tenant, payloads, limits, &crate::Metrics::default(), None)
 }
 
 fn decode_all(
@@ -287,13 +292,14 @@ fn decode_all(
     payloads: Vec<Payload>,
     limits: &crate::Limits,
     metrics: &crate::Metrics,
+    held: Option<std::sync::Arc<dyn fathom_model::HeldStacks>>,
 ) -> Result<(Vec<fathom_model::Profile>, Symbols), ApiError> {
     let mut budget = limits.max_decompressed_bytes;
     let mut profiles = Vec::new();
     let mut symbols = Symbols::default();
     let single = payloads.len() == 1;
     for p in payloads {
-        let n = decode_payload(t, p, limits, &mut budget, single, metrics)?;
+        let n = decode_payload(t, p, limits, &mut budget, single, metrics, held.clone())?;
         if profiles.is_empty() {
             profiles = n.profiles;
             symbols = n.symbols;
@@ -324,6 +330,7 @@ fn decode_payload(
     budget: &mut usize,
     single: bool,
     metrics: &crate::Metrics,
+    held: Option<std::sync::Arc<dyn fathom_model::HeldStacks>>,
 ) -> Result<Normalized, ApiError> {
     let ctx_name = p.context.clone();
     let r = (|| {
@@ -403,6 +410,7 @@ fn decode_payload(
             },
             max_profiles: limits.max_profiles_per_push,
             max_labels: limits.max_labels,
+            held,
         };
         decode(&format, &body, ctx)
     })();
@@ -420,6 +428,7 @@ fn decode(format: &Format, body: &[u8], ctx: DecodeContext) -> Result<Normalized
                 time_nanos_override: ctx.time_nanos,
                 duration_nanos_override: ctx.duration_nanos,
                 profile_id_seed: ctx.seed,
+                held: ctx.held,
                 ..Default::default()
             };
             fathom_pprof::decode_and_normalize(body, &ctx.limits, &opts).map_err(|e| match e {

@@ -116,6 +116,15 @@ impl From<WriteError> for ApiError {
 pub trait IngesterWriter: Send + Sync + 'static {
     /// Returns once the batch is durable (acknowledged).
     async fn write(&self, batch: IngestBatch) -> Result<(), WriteError>;
+
+    /// The stacks the ingester `tenant`'s next write goes to holds, when
+    /// it is in this process and can take a batch that leaves them out
+    /// ([`fathom_model::Symbols::relies_on`]); `None` (the default, and
+    /// always across processes, where every replica holds other stacks)
+    /// builds batches with every stack.
+    fn held_stacks(&self, _tenant: &TenantId) -> Option<Arc<dyn fathom_model::HeldStacks>> {
+        None
+    }
 }
 
 #[derive(Clone, Default)]

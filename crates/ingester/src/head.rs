@@ -29,6 +29,7 @@ pub(crate) struct TenantHead {
 /// head already holds dropped ([`Prepared::drop_known`]). What is left
 /// under the write lock is inserting ids and the new symbols.
 pub(crate) struct Prepared {
+    tenant: fathom_model::TenantId,
     profiles: Vec<Profile>,
     series_ids: Vec<Id>,
     /// Every profile's sample rows, in profile order.
@@ -40,11 +41,14 @@ impl Prepared {
     /// Builds `batch`'s sample rows.
     pub(crate) fn new(batch: IngestBatch) -> Self {
         let IngestBatch {
-            profiles, symbols, ..
+            tenant,
+            profiles,
+            symbols,
         } = batch;
         let series_ids: Vec<Id> = profiles.iter().map(Profile::series_id).collect();
         let rows = sample_rows(&profiles, &series_ids, |_| true);
         Prepared {
+            tenant,
             profiles,
             series_ids,
             rows,
@@ -59,6 +63,14 @@ impl Prepared {
     /// missing from it.
     pub(crate) fn drop_known(&mut self, known: &Symbols) {
         self.symbols.remove_held_by(known);
+    }
+
+    /// The WAL record of what is left: after [`Prepared::drop_known`], of
+    /// format 5 when it names a stack or location the head holds
+    /// ([`fathom_proto::WRITE_FORMAT_HELD`]), which replay finds in the
+    /// head that the records before it rebuilt.
+    pub(crate) fn record(&self) -> Vec<u8> {
+        fathom_proto::encode_write(&self.tenant, &self.profiles, &self.symbols)
     }
 }
 
@@ -96,6 +108,7 @@ impl TenantHead {
         let Prepared {
             profiles,
             series_ids,
+            tenant: _,
             rows,
             symbols,
         } = prepared;

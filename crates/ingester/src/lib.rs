@@ -53,10 +53,11 @@ mod wal;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fathom_block::{BlockIndex, BlockMeta};
-use fathom_model::{Id, IngestBatch, Symbols, TenantId};
+use fathom_model::{HeldStacks, Id, IdSet, IngestBatch, Symbols, TenantId};
 use object_store::ObjectStore;
 use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
@@ -118,6 +119,14 @@ pub enum Error {
         series: usize,
         new: usize,
     },
+    /// A write built against a head that was cut, and whose blocks were
+    /// stored, before the write reached the WAL: the stacks it left out
+    /// are nowhere in memory. Retryable (the retry is built anew).
+    #[error(
+        "the head this write was prepared against was cut and stored meanwhile ({stacks} stacks \
+         it left out are gone); retry"
+    )]
+    LeftOut { stacks: usize },
 }
 
 /// A tenant's `max_series` (none: unlimited), asked on every write so that
@@ -177,6 +186,7 @@ struct Metrics {
     head_full: Counter,
     series_limit: Counter,
     replayed: Counter,
+    left_out_restored: Counter,
 }
 
 /// The ingester; see the crate documentation.
@@ -190,7 +200,42 @@ pub struct Ingester {
     flush_lock: tokio::sync::Mutex<()>,
     last_flush: parking_lot::Mutex<Instant>,
     series_limit: RwLock<Option<SeriesLimit>>,
+    /// How many cuts have replaced the heads: what a batch built against
+    /// a head's stacks ([`Ingester::held_stacks`]) is checked with.
+    generation: AtomicU64,
     m: Metrics,
+}
+
+/// The stacks of one tenant's active head, for one generation
+/// ([`Ingester::held_stacks`]).
+struct HeadStacks {
+    ingester: Arc<Ingester>,
+    tenant: String,
+    generation: u64,
+}
+
+impl std::fmt::Debug for HeadStacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeadStacks")
+            .field("tenant", &self.tenant)
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+impl HeldStacks for HeadStacks {
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn holds(&self, id: &Id) -> bool {
+        self.ingester
+            .state
+            .read()
+            .active
+            .get(&self.tenant)
+            .is_some_and(|h| h.symbols.stacks.contains_key(id))
+    }
 }
 
 impl Ingester {
@@ -261,6 +306,11 @@ impl Ingester {
             "WAL records replayed at start",
             m.replayed.clone(),
         );
+        r.register(
+            "left_out_restored",
+            "Writes built against a head that a cut replaced before they reached the WAL, whose left-out stacks were put back",
+            m.left_out_restored.clone(),
+        );
 
         let mut state = State::default();
         let mut bad = 0usize;
@@ -271,7 +321,12 @@ impl Ingester {
             if unknown_version.is_some() {
                 return;
             }
-            match fathom_proto::decode_write_request(rec) {
+            // Decoded against the head the records before it rebuilt: a
+            // format-5 record names symbols that head holds.
+            let decoded = fathom_proto::decode_write_request_skipping(rec, |tenant| {
+                state.active.get(tenant).map(|h| &h.symbols)
+            });
+            match decoded {
                 Ok(batch) => {
                     let h = state.active.entry(batch.tenant.to_string()).or_default();
                     let before = h.bytes;
@@ -304,6 +359,7 @@ impl Ingester {
             flush_lock: tokio::sync::Mutex::new(()),
             last_flush: parking_lot::Mutex::new(Instant::now()),
             series_limit: RwLock::new(None),
+            generation: AtomicU64::new(0),
             m,
         }))
     }
@@ -355,10 +411,85 @@ impl Ingester {
     /// hold `max_head_memory` bytes or more (concurrent writes may each add
     /// one batch beyond it), and with [`Error::SeriesLimit`] when it would
     /// take its tenant over its series limit.
-    pub async fn write(&self, batch: IngestBatch) -> Result<usize, Error> {
-        let rec = fathom_proto::encode_write_request(&batch);
+    ///
+    /// The WAL record is encoded from what is left once the symbols the
+    /// head holds are dropped (format 5 when that names any of them). A
+    /// batch built against the head ([`Ingester::held_stacks`]) whose
+    /// head was cut since gets the stacks it left out back from the head
+    /// that held them, or is refused ([`Error::LeftOut`], retryable) if
+    /// that head is gone too.
+    pub async fn write(&self, mut batch: IngestBatch) -> Result<usize, Error> {
         let _g = self.gate.read().await;
-        self.write_batch(batch, rec.into(), false).await
+        if let Some(generation) = batch.symbols.relies_on.take() {
+            self.restore_left_out(&mut batch, generation)?;
+        }
+        self.write_batch(batch, None).await
+    }
+
+    /// The stacks the active head of `tenant` holds, for a batch built for
+    /// this ingester ([`fathom_model::HeldStacks`]): asked by a single
+    /// process's pprof normalizer, so that held stacks are not copied
+    /// into the batch. `None` while the tenant has no head.
+    pub fn held_stacks(self: &Arc<Self>, tenant: &TenantId) -> Option<Arc<dyn HeldStacks>> {
+        // The generation first: a cut after this shows as another one.
+        let generation = self.generation.load(Ordering::Acquire);
+        if !self.state.read().active.contains_key(tenant.as_str()) {
+            return None;
+        }
+        Some(Arc::new(HeadStacks {
+            ingester: self.clone(),
+            tenant: tenant.to_string(),
+            generation,
+        }))
+    }
+
+    /// Puts back the stacks `batch` left out because the head of
+    /// `generation` held them, when a cut has replaced that head since:
+    /// from the active head if it holds them (the record then names
+    /// them, as any record does), else from the cut heads still in
+    /// memory. The caller holds the gate.
+    fn restore_left_out(&self, batch: &mut IngestBatch, generation: u64) -> Result<(), Error> {
+        if self.generation.load(Ordering::Acquire) == generation {
+            return Ok(());
+        }
+        let st = self.state.read();
+        let active = st.active.get(batch.tenant.as_str());
+        let mut missing: Vec<Id> = batch
+            .profiles
+            .iter()
+            .flat_map(|p| p.samples.iter().map(|x| x.stack))
+            .filter(|id| {
+                !batch.symbols.stacks.contains_key(id)
+                    && !active.is_some_and(|h| h.symbols.stacks.contains_key(id))
+            })
+            .collect::<IdSet>()
+            .into_iter()
+            .collect();
+        let before = missing.len();
+        for p in st.pending.iter().rev() {
+            if missing.is_empty() {
+                break;
+            }
+            if let Some(h) = p.heads.get(batch.tenant.as_str()) {
+                let found = h.symbols.subset(&missing);
+                missing.retain(|id| !found.stacks.contains_key(id));
+                batch.symbols.merge_owned(found);
+            }
+        }
+        self.m.left_out_restored.inc();
+        tracing::debug!(
+            tenant = %batch.tenant,
+            stacks = before,
+            lost = missing.len(),
+            "a cut came between a write's normalization and its append; its left-out stacks restored"
+        );
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::LeftOut {
+                stacks: missing.len(),
+            })
+        }
     }
 
     /// [`Ingester::write`] of a replicated record: the encoded
@@ -385,19 +516,18 @@ impl Ingester {
         span.record("tenant", tracing::field::display(&batch.tenant));
         span.record("profiles", batch.profiles.len() as i64);
         span.record("samples", batch.sample_count() as i64);
-        self.write_batch(batch, record, true).await
+        self.write_batch(batch, Some(record)).await
     }
 
-    /// Appends `rec`, the encoding of `batch`, to the WAL, then applies
-    /// `batch` to its tenant's head. The caller holds the gate (shared).
-    /// `skipped`: the batch's symbols are only those the head lacked when
-    /// it was decoded (the rest were skipped), so they are not looked up
-    /// again.
+    /// Appends `batch`'s WAL record, then applies `batch` to its tenant's
+    /// head. The caller holds the gate (shared). `received`: the record
+    /// as a distributor sent it, its batch decoded skipping what the head
+    /// holds (so not looked up again); `None`: the symbols the head holds
+    /// are dropped here and the record encoded from the rest.
     async fn write_batch(
         &self,
         batch: IngestBatch,
-        rec: bytes::Bytes,
-        skipped: bool,
+        received: Option<bytes::Bytes>,
     ) -> Result<usize, Error> {
         let held = self.state.read().held();
         if held >= self.cfg.max_head_memory {
@@ -408,17 +538,25 @@ impl Ingester {
             });
         }
         self.check_series(&batch)?;
-        self.wal.append(rec).await?;
         let profiles = batch.profiles.len();
         let tenant = batch.tenant.to_string();
         // The sample rows built with no lock; under the shared one
         // (writers side by side), the batch's symbols looked up in the
         // head and those it holds dropped. The caller's gate keeps the
-        // head from being cut before the batch is applied to it.
+        // head from being cut before the batch is applied to it, and a
+        // symbol the head holds came with a record appended before this
+        // one, which replay applies first.
         let mut prepared = head::Prepared::new(batch);
-        if !skipped && let Some(h) = self.state.read().active.get(&tenant) {
-            prepared.drop_known(&h.symbols);
-        }
+        let rec = match received {
+            Some(rec) => rec,
+            None => {
+                if let Some(h) = self.state.read().active.get(&tenant) {
+                    prepared.drop_known(&h.symbols);
+                }
+                prepared.record().into()
+            }
+        };
+        self.wal.append(rec).await?;
         let mut st = self.state.write();
         let h = st.active.entry(tenant).or_default();
         let before = h.bytes;
@@ -482,6 +620,7 @@ impl Ingester {
             if has_data {
                 let seg = self.wal.rotate().await?;
                 let mut st = self.state.write();
+                self.generation.fetch_add(1, Ordering::AcqRel);
                 let heads = std::mem::take(&mut st.active);
                 let bytes = std::mem::take(&mut st.active_bytes);
                 st.pending_bytes += bytes;

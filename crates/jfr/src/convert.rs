@@ -771,6 +771,7 @@ pub fn decode(
         duration_nanos_override: opts.duration_nanos_override,
         profile_id_seed: opts.profile_id_seed,
         max_series: opts.max_series,
+        held: None,
     };
     let mut out = Normalized::default();
     for p in &profiles {

@@ -87,6 +87,15 @@ impl Stack {
     }
 }
 
+/// The generation a union of two tables relies on: the older one, so that
+/// a writer's check fails if either head was cut.
+fn oldest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The canonical encoding of a stack id starts with the domain `stack`,
 /// length-prefixed as [`IdHasher::str`] writes it.
 const STACK_DOMAIN: &[u8; 13] = b"\x05\0\0\0\0\0\0\0stack";
@@ -129,6 +138,30 @@ pub struct Symbols {
     /// Each stack's frames as indexes among the table's locations, when
     /// whoever built the table knew them (see [`FrameIndex`]).
     pub frame_index: Option<std::sync::Arc<FrameIndex>>,
+    /// Set when the table leaves out stacks that the samples beside it
+    /// name because the head they are written to held them
+    /// ([`HeldStacks`]): the generation of that head. Only that head can
+    /// take such a batch; the writer checks the generation.
+    pub relies_on: Option<u64>,
+}
+
+/// The stacks a head already holds, asked by whoever builds a batch for it
+/// (the pprof normalizer of a single process's write path), so that a
+/// stack the head holds is neither copied into the batch's table nor
+/// written to the WAL again.
+///
+/// Answers hold for one generation of the head: a cut replaces the head
+/// with an empty one and starts the next generation. A batch built with
+/// these answers records [`HeldStacks::generation`] in
+/// [`Symbols::relies_on`], read before the first answer, and the head's
+/// writer takes it only while the generation is unchanged (or fills the
+/// stacks in again).
+pub trait HeldStacks: Send + Sync + std::fmt::Debug {
+    /// The head generation the answers are for.
+    fn generation(&self) -> u64;
+    /// Whether the head holds the stack `id` (with its locations,
+    /// functions and mappings).
+    fn holds(&self, id: &Id) -> bool;
 }
 
 impl PartialEq for Symbols {
@@ -251,6 +284,7 @@ impl Symbols {
     /// Adds every entry of `other` (a union by id).
     pub fn merge(&mut self, other: &Symbols) {
         self.frame_index = None;
+        self.relies_on = oldest(self.relies_on, other.relies_on);
         for (k, v) in &other.stacks {
             self.stacks.entry(*k).or_insert_with(|| v.clone());
         }
@@ -338,6 +372,7 @@ impl Symbols {
     /// cloning them: what a head does with each write's table.
     pub fn merge_owned(&mut self, other: Symbols) {
         self.frame_index = None;
+        self.relies_on = oldest(self.relies_on, other.relies_on);
         for (k, v) in other.stacks {
             self.stacks.entry(k).or_insert(v);
         }

@@ -63,7 +63,15 @@ fn corpus() -> Vec<Vec<u8>> {
 }
 
 /// Runs `pass` over the corpus for about `secs`; MB/s of `bytes` per pass.
-fn rate(bytes: usize, secs: f64, mut pass: impl FnMut() -> usize) -> f64 {
+/// With `FATHOM_BENCH_STAGE_ONLY` set to a comma-separated list of stage
+/// names (`prost_decode,normalize`), only those stages run (the others
+/// print NaN): for `perf stat` or `perf record` of one stage.
+fn rate(name: &str, bytes: usize, secs: f64, mut pass: impl FnMut() -> usize) -> f64 {
+    if std::env::var("FATHOM_BENCH_STAGE_ONLY")
+        .is_ok_and(|only| !only.split(',').any(|o| o == name))
+    {
+        return f64::NAN;
+    }
     std::hint::black_box(pass());
     let t0 = Instant::now();
     let mut n = 0u64;
@@ -196,7 +204,7 @@ fn main() {
         .unwrap_or(3);
     let mut all: Vec<[f64; 15]> = Vec::new();
     for _ in 0..rounds {
-        let prost = rate(total, secs, || {
+        let prost = rate("prost_decode", total, secs, || {
             files
                 .iter()
                 .map(|b| {
@@ -207,25 +215,25 @@ fn main() {
                 })
                 .sum()
         });
-        let dec = rate(total, secs, || {
+        let dec = rate("pprof_decode", total, secs, || {
             files
                 .iter()
                 .map(|b| decode(b, &limits).unwrap().sample.len())
                 .sum()
         });
-        let norm = rate(total, secs, || {
+        let norm = rate("normalize", total, secs, || {
             decoded
                 .iter()
                 .map(|p| normalize(p, &opts).unwrap().profiles.len())
                 .sum()
         });
-        let enc = rate(total, secs, || {
+        let enc = rate("encode_record", total, secs, || {
             batches
                 .iter()
                 .map(|b| fathom_proto::encode_write_request(b).len())
                 .sum()
         });
-        let two_passes = rate(total, secs, || {
+        let two_passes = rate("decode_then_normalize", total, secs, || {
             files
                 .iter()
                 .map(|b| {
@@ -234,7 +242,7 @@ fn main() {
                 })
                 .sum()
         });
-        let one_pass = rate(total, secs, || {
+        let one_pass = rate("decode_and_normalize_one_pass", total, secs, || {
             files
                 .iter()
                 .map(|b| {
@@ -245,30 +253,42 @@ fn main() {
                 })
                 .sum()
         });
-        let distributor = rate(total, secs, || {
-            files
-                .iter()
-                .map(|b| {
-                    let n = decode_and_normalize(b, &limits, &opts).unwrap();
-                    let batch = IngestBatch {
-                        tenant: tenant.clone(),
-                        profiles: n.profiles,
-                        symbols: n.symbols,
-                    };
-                    fathom_proto::encode_write_request(&batch).len()
-                })
-                .sum()
+        let distributor = rate(
+            "distributor_decode_and_normalize_encode",
+            total,
+            secs,
+            || {
+                files
+                    .iter()
+                    .map(|b| {
+                        let n = decode_and_normalize(b, &limits, &opts).unwrap();
+                        let batch = IngestBatch {
+                            tenant: tenant.clone(),
+                            profiles: n.profiles,
+                            symbols: n.symbols,
+                        };
+                        fathom_proto::encode_write_request(&batch).len()
+                    })
+                    .sum()
+            },
+        );
+        let ingester_v0 = rate(
+            "ingester_record_format0_rehash_reencode",
+            total,
+            secs,
+            || {
+                v0.iter()
+                    .map(|r| {
+                        let b = fathom_proto::decode_write_request(r).unwrap();
+                        fathom_proto::encode_write_request(&b).len()
+                    })
+                    .sum()
+            },
+        );
+        let ingester_current = rate("ingester_record_as_received", total, secs, || {
+            as_received(&records)
         });
-        let ingester_v0 = rate(total, secs, || {
-            v0.iter()
-                .map(|r| {
-                    let b = fathom_proto::decode_write_request(r).unwrap();
-                    fathom_proto::encode_write_request(&b).len()
-                })
-                .sum()
-        });
-        let ingester_current = rate(total, secs, || as_received(&records));
-        let ingester_via_prost = rate(total, secs, || {
+        let ingester_via_prost = rate("ingester_record_via_prost_message", total, secs, || {
             records
                 .iter()
                 .map(|r| {
@@ -279,11 +299,27 @@ fn main() {
                 })
                 .sum()
         });
-        let ingester_v3 = rate(total, secs, || as_received(&v3));
-        let steady_v4 = rate(total, secs, || steady(&records));
-        let steady_v3 = rate(total, secs, || steady(&v3));
-        let large_v4 = rate(total, secs, || large_head(&records));
-        let large_v3 = rate(total, secs, || large_head(&v3));
+        let ingester_v3 = rate("ingester_record_format3_as_received", total, secs, || {
+            as_received(&v3)
+        });
+        let steady_v4 = rate("ingester_record_known_symbols", total, secs, || {
+            steady(&records)
+        });
+        let steady_v3 = rate("ingester_record_format3_known_symbols", total, secs, || {
+            steady(&v3)
+        });
+        let large_v4 = rate(
+            "ingester_record_known_symbols_large_head",
+            total,
+            secs,
+            || large_head(&records),
+        );
+        let large_v3 = rate(
+            "ingester_record_format3_known_symbols_large_head",
+            total,
+            secs,
+            || large_head(&v3),
+        );
         all.push([
             prost,
             dec,

@@ -38,6 +38,13 @@ pub struct NormalizeOptions {
     pub profile_id_seed: Id,
     /// The most distinct label sets (series) one pprof may produce.
     pub max_series: usize,
+    /// The stacks the head this write goes to holds already: those are
+    /// left out of the output's table (its samples still name them), and
+    /// the table records the head's generation
+    /// ([`Symbols::relies_on`](fathom_model::Symbols::relies_on)). Only
+    /// a single process's own ingester can take such a batch; `None`
+    /// (the default) builds a table with every stack.
+    pub held: Option<std::sync::Arc<dyn fathom_model::HeldStacks>>,
 }
 
 impl Default for NormalizeOptions {
@@ -49,6 +56,7 @@ impl Default for NormalizeOptions {
             duration_nanos_override: None,
             profile_id_seed: Id::ZERO,
             max_series: DEFAULT_MAX_SERIES,
+            held: None,
         }
     }
 }
@@ -633,6 +641,12 @@ impl<'a> Normalizer<'a> {
         let mut stack = Stack::default();
         let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
+        // The head's generation is read before its first answer, so a cut
+        // during this loop shows as another generation.
+        let held = self.opts.held.as_deref();
+        let generation = held.map(|h| h.generation());
+        // Stacks left out because the head holds them.
+        let mut left_out = fathom_model::IdSet::default();
 
         let mut next = 0usize;
         while let Some(s) = samples.next_sample() {
@@ -732,6 +746,10 @@ impl<'a> Normalizer<'a> {
                     // New to this series, so maybe new to the profile.
                     if let std::collections::hash_map::Entry::Vacant(v) =
                         self.symbols.stacks.entry(stack_id)
+                        && !held.is_some_and(|h| {
+                            left_out.contains(&stack_id)
+                                || (h.holds(&stack_id) && left_out.insert(stack_id))
+                        })
                     {
                         v.insert(stack.clone());
                         let fi = &mut self.frame_index;
@@ -786,6 +804,9 @@ impl<'a> Normalizer<'a> {
             }
         }
         let mut symbols = self.symbols;
+        if !left_out.is_empty() {
+            symbols.relies_on = generation;
+        }
         // The frames of every stack of a pprof within the decoder's limits
         // number fewer than u32::MAX; otherwise no index.
         if u32::try_from(self.frame_index.indexes.len()).is_ok() {

@@ -234,6 +234,20 @@ impl<'a> StackFrames<'a> {
         })
     }
 
+    /// The format of a record of these stacks and samples `positions`:
+    /// [`WRITE_FORMAT_HELD`](crate::WRITE_FORMAT_HELD) when it names a
+    /// stack or a location it lacks (left out because the head it is
+    /// written to holds them), else [`WRITE_FORMAT`](crate::WRITE_FORMAT).
+    pub(crate) fn format(&self, positions: &SampleStacks) -> u32 {
+        if self.frames.iter().any(Option::is_none)
+            || positions.profiles.iter().any(Option::is_none)
+        {
+            crate::WRITE_FORMAT_HELD
+        } else {
+            crate::WRITE_FORMAT
+        }
+    }
+
     /// The indexes of the `k`th stack (in `stacks`' order), if it is
     /// written by index.
     pub(crate) fn indexes(&self, k: usize) -> Option<&[u32]> {
@@ -329,22 +343,29 @@ fn stack_len(s: &model::Stack, frames: Option<(usize, usize, usize)>) -> usize {
 /// An id is 16 bytes, never empty, so prost writes it too (it omits only
 /// empty `bytes`).
 pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
-    let s = &b.symbols;
+    encode_write(&b.tenant, &b.profiles, &b.symbols)
+}
+
+/// [`encode_write_request`] of a batch given as its parts.
+pub fn encode_write(
+    tenant: &model::TenantId,
+    profiles: &[model::Profile],
+    s: &model::Symbols,
+) -> Vec<u8> {
     let frames = StackFrames::new(s);
-    let positions = frames.sample_stacks(&b.profiles);
-    let types: Vec<String> = b
-        .profiles
+    let positions = frames.sample_stacks(profiles);
+    let format = frames.format(&positions);
+    let types: Vec<String> = profiles
         .iter()
         .map(|p| p.profile_type.to_string())
         .collect();
-    let profile_lens: Vec<usize> = b
-        .profiles
+    let profile_lens: Vec<usize> = profiles
         .iter()
         .zip(&types)
         .enumerate()
         .map(|(k, (p, t))| profile_len(p, t, positions.of(k).map(|(_, n)| n)))
         .collect();
-    let total = bytes_len(1, b.tenant.as_str().as_bytes())
+    let total = bytes_len(1, tenant.as_str().as_bytes())
         + repeated_len(2, &profile_lens, |&l| l)
         + repeated_len(3, s.functions.values(), function_len)
         + repeated_len(4, s.mappings.values(), mapping_len)
@@ -355,10 +376,10 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
             .zip(&frames.frames)
             .map(|((_, st), f)| delimited_len(6, stack_len(st, *f)))
             .sum::<usize>()
-        + varint_len(7, u64::from(crate::WRITE_FORMAT));
+        + varint_len(7, u64::from(format));
     let mut buf = Vec::with_capacity(total);
-    put_bytes(&mut buf, 1, b.tenant.as_str().as_bytes());
-    for (k, ((p, t), &len)) in b.profiles.iter().zip(&types).zip(&profile_lens).enumerate() {
+    put_bytes(&mut buf, 1, tenant.as_str().as_bytes());
+    for (k, ((p, t), &len)) in profiles.iter().zip(&types).zip(&profile_lens).enumerate() {
         put_header(&mut buf, 2, len);
         put_bytes(&mut buf, 1, &p.id.0);
         put_bytes(&mut buf, 2, t.as_bytes());
@@ -440,7 +461,7 @@ pub fn encode_write_request(b: &model::IngestBatch) -> Vec<u8> {
             }
         }
     }
-    put_varint(&mut buf, 7, u64::from(crate::WRITE_FORMAT));
+    put_varint(&mut buf, 7, u64::from(format));
     debug_assert_eq!(buf.len(), total);
     buf
 }

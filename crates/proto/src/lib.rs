@@ -37,12 +37,21 @@
 mod encode;
 mod record;
 
-pub use encode::encode_write_request;
+pub use encode::{encode_write, encode_write_request};
 
 /// The format version of the `WriteRequest`s this build writes: symbols
 /// carry their ids, stacks index the record's locations, samples index
 /// the record's stacks (see the crate documentation).
 pub const WRITE_FORMAT: u32 = 4;
+
+/// [`WRITE_FORMAT`] written by a single process's ingester for its own
+/// WAL after leaving out what its head held: a sample may name by id a
+/// stack the record lacks, and a stack a location it lacks, when the head
+/// the records before it built holds them. Decoding against that head
+/// ([`decode_write_request_skipping`]) reads it; replay applies records
+/// in order, so the head holds them again. Without the head it reads as
+/// format 4 does: every reference must be in the record.
+pub const WRITE_FORMAT_HELD: u32 = 5;
 
 /// Symbols carry their ids, stacks index the record's locations, samples
 /// name their stack by id.
@@ -142,7 +151,7 @@ pub enum ConvertError {
     },
     #[error(
         "write request format version {version} is not known to this build (it reads {WRITE_FORMAT_V0}, \
-         {WRITE_FORMAT_V2}, {WRITE_FORMAT_V3} and {WRITE_FORMAT}): written by a newer version of fathom?"
+         {WRITE_FORMAT_V2}, {WRITE_FORMAT_V3}, {WRITE_FORMAT} and {WRITE_FORMAT_HELD}): written by a newer version of fathom?"
     )]
     FormatVersion { version: u32 },
     #[error("write request is not a valid protobuf message")]
@@ -333,7 +342,7 @@ impl From<&model::IngestBatch> for ingester::WriteRequest {
             mappings,
             locations,
             stacks,
-            format_version: WRITE_FORMAT,
+            format_version: frames.format(&positions),
         }
     }
 }
@@ -344,15 +353,21 @@ impl TryFrom<ingester::WriteRequest> for model::IngestBatch {
     fn try_from(r: ingester::WriteRequest) -> Result<Self, ConvertError> {
         let trusted = match r.format_version {
             WRITE_FORMAT | WRITE_FORMAT_V3 | WRITE_FORMAT_V2 => true,
+            // Format 5 without the head it was written to: every
+            // reference must be in the record, as in format 4.
+            WRITE_FORMAT_HELD => true,
             WRITE_FORMAT_V0 => false,
             version => return Err(ConvertError::FormatVersion { version }),
         };
         let mut r = r;
-        if matches!(r.format_version, WRITE_FORMAT | WRITE_FORMAT_V3) {
+        if matches!(
+            r.format_version,
+            WRITE_FORMAT | WRITE_FORMAT_HELD | WRITE_FORMAT_V3
+        ) {
             located_by_id(&r.locations, &mut r.stacks)?;
         }
         // Format 4's samples index the stacks: their ids by position.
-        let columns = r.format_version == WRITE_FORMAT;
+        let columns = matches!(r.format_version, WRITE_FORMAT | WRITE_FORMAT_HELD);
         let stack_ids = if columns {
             r.stacks
                 .iter()
@@ -818,11 +833,11 @@ mod tests {
 
         // A version this build does not know is refused, and says so.
         let mut future = wire;
-        future.format_version = 5;
+        future.format_version = 6;
         let err = decode_write_request(&prost::Message::encode_to_vec(&future)).unwrap_err();
-        assert!(matches!(err, ConvertError::FormatVersion { version: 5 }));
+        assert!(matches!(err, ConvertError::FormatVersion { version: 6 }));
         assert!(
-            err.to_string().contains("format version 5") && err.to_string().contains("newer"),
+            err.to_string().contains("format version 6") && err.to_string().contains("newer"),
             "{err}"
         );
     }

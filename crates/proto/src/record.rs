@@ -1,4 +1,4 @@
-//! A direct decoder of format-2, format-3 and format-4 `WriteRequest`
+//! A direct decoder of format-2, 3, 4 and 5 `WriteRequest`
 //! records into an [`IngestBatch`](model::IngestBatch).
 //!
 //! Every replica of a write and every WAL replay decodes the record. prost
@@ -17,6 +17,11 @@
 //! singular field's last occurrence wins, and a known field with another
 //! wire type is malformed. A test checks that both paths agree on
 //! every record, including damaged ones.
+//!
+//! Format 5 is the one extension: a single process's ingester writes it
+//! for its own WAL, naming stacks and locations its head already holds
+//! without repeating them. Given that head, this decoder accepts such
+//! references; without it, both paths read format 5 as format 4.
 
 use fathom_model as model;
 use model::Id;
@@ -174,7 +179,8 @@ fn repeated_varints<T>(v: &Value<'_>, out: &mut Vec<T>, conv: impl Fn(u64) -> T)
     Some(())
 }
 
-/// Decodes a format-2, 3 or 4 record, or `None` (see the module docs).
+/// Decodes a format-2, 3 or 4 record (or 5 naming nothing it lacks), or
+/// `None` (see the module docs).
 pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
     decode_skipping(record, |_| None)
 }
@@ -182,7 +188,9 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
 /// [`decode_direct`], leaving out of the batch's symbols what
 /// `known(tenant)` already holds: the record is read and checked all the
 /// same (it is accepted or refused exactly as [`decode_direct`] does), and
-/// every reference is checked against the record, never against `known`.
+/// every reference is checked against the record, never against `known`,
+/// but for a format-5 record's: a sample may name by id a stack, and a
+/// stack a location, that the record lacks and `known` holds.
 ///
 /// `known` must be closed, as a head's table is: with a stack, it holds
 /// the stack's locations, and with a location, its functions and mapping.
@@ -214,13 +222,20 @@ pub(crate) fn decode_skipping<'k>(
     // Whether stacks may index locations (format 3 on), and samples
     // index stacks (format 4).
     let (indexed, columns) = match top.format {
-        crate::WRITE_FORMAT => (true, true),
+        crate::WRITE_FORMAT | crate::WRITE_FORMAT_HELD => (true, true),
         crate::WRITE_FORMAT_V3 => (true, false),
         crate::WRITE_FORMAT_V2 => (false, false),
         _ => return None,
     };
     let tenant = model::TenantId::new(top.tenant).ok()?;
     let known = known(top.tenant);
+    // Format 5 may name stacks and locations it lacks when `known` (the
+    // head it was written to) holds them.
+    let held = if top.format == crate::WRITE_FORMAT_HELD {
+        known
+    } else {
+        None
+    };
     let mut symbols = model::Symbols::default();
     if known.is_none() {
         symbols.functions.reserve(top.functions.len());
@@ -348,7 +363,21 @@ pub(crate) fn decode_skipping<'k>(
                     .collect()
             });
             for c in packed.chunks_exact(16) {
-                frames.push(*at.get(&id(c)?)?);
+                let lid = id(c)?;
+                let i = match at.get(&lid) {
+                    Some(&i) => i,
+                    // A location the head holds: given a position past
+                    // the record's own, never copied (`needed` false).
+                    None if held.is_some_and(|k| k.locations.contains_key(&lid)) => {
+                        let i = u32::try_from(location_ids.len()).ok()?;
+                        location_ids.push(lid);
+                        needed.push(false);
+                        at.insert(lid, i);
+                        i
+                    }
+                    None => return None,
+                };
+                frames.push(i);
             }
         }
         if frames[start..]
@@ -472,7 +501,8 @@ pub(crate) fn decode_skipping<'k>(
                     })?;
                     let stack = id(stack)?;
                     let ids = by_id.get_or_insert_with(|| stack_ids.iter().copied().collect());
-                    if !ids.contains(&stack) {
+                    if !ids.contains(&stack) && !held.is_some_and(|k| k.stacks.contains_key(&stack))
+                    {
                         return None;
                     }
                     samples.push(model::Sample { stack, value });
@@ -577,6 +607,7 @@ mod tests {
             functions: without(&all.functions, &known.functions),
             mappings: without(&all.mappings, &known.mappings),
             frame_index: None,
+            relies_on: None,
         }
     }
 
@@ -682,12 +713,12 @@ mod tests {
         assert_eq!(decode_direct(&v0), None);
         assert_eq!(decode_write_request(&v0).unwrap(), b);
         let mut future = crate::ingester::WriteRequest::from(&b);
-        future.format_version = crate::WRITE_FORMAT + 1;
+        future.format_version = crate::WRITE_FORMAT_HELD + 1;
         let future = future.encode_to_vec();
         assert_eq!(decode_direct(&future), None);
         assert!(matches!(
             decode_write_request(&future),
-            Err(crate::ConvertError::FormatVersion { version: 5 })
+            Err(crate::ConvertError::FormatVersion { version: 6 })
         ));
     }
 

@@ -181,6 +181,10 @@ impl IngesterWriter for LocalWriter {
             e => WriteError::Unavailable(format!("ingester: {e}")),
         })
     }
+
+    fn held_stacks(&self, tenant: &TenantId) -> Option<Arc<dyn fathom_model::HeldStacks>> {
+        self.0.held_stacks(tenant)
+    }
 }
 
 struct Shared {
