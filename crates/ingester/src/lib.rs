@@ -897,6 +897,105 @@ mod tests {
         assert_eq!(index.blocks("t1", 0, i64::MAX).await.unwrap().len(), 1);
     }
 
+    /// `batch(tenant, seed, value)` as a single process's normalizer
+    /// builds it against `held`: another profile (id from `n`), its stack
+    /// and every symbol behind it left out because the head holds them.
+    fn built_against(held: &dyn HeldStacks, seed: u64, n: u64, value: i64) -> IngestBatch {
+        let mut b = batch("t1", seed, value);
+        let stack = b.profiles[0].samples[0].stack;
+        assert!(held.holds(&stack), "the head holds the stack");
+        b.profiles[0].id = IdHasher::new("again").u64(seed).u64(n).finish();
+        b.symbols = Symbols {
+            relies_on: Some(held.generation()),
+            ..Default::default()
+        };
+        b
+    }
+
+    /// The format versions of the WAL's records, read after a restart.
+    fn wal_formats(dir: &std::path::Path) -> Vec<u32> {
+        let mut formats = Vec::new();
+        Wal::open(&dir.join("wal"), WalMetrics::default(), |rec| {
+            let w = <fathom_proto::ingester::WriteRequest as prost::Message>::decode(rec).unwrap();
+            formats.push(w.format_version);
+        })
+        .unwrap();
+        formats
+    }
+
+    /// A write built against the head leaves out what the head holds: its
+    /// WAL record (format 5) names the stack without repeating it, and
+    /// replay, applying records in order, rebuilds the same head. A cut
+    /// between the build and the write is survived while the stacks are
+    /// in memory, and refused (retryable) once they are not.
+    #[tokio::test]
+    async fn a_write_built_against_the_head_leaves_out_what_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(InMemory::new());
+        let index = Arc::new(MemoryIndex::default());
+        let t = TenantId::new("t1").unwrap();
+        let stack = batch("t1", 1, 0).profiles[0].samples[0].stack;
+        {
+            let ing = open(dir.path(), store.clone(), index.clone());
+            assert!(ing.held_stacks(&t).is_none(), "no head yet");
+            ing.write(batch("t1", 1, 5)).await.unwrap();
+            let held = ing.held_stacks(&t).unwrap();
+            assert!(!held.holds(&IdHasher::new("x").finish()));
+            assert_eq!(ing.write(built_against(&*held, 1, 1, 7)).await.unwrap(), 1);
+            assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 12);
+        }
+        assert_eq!(
+            wal_formats(dir.path()),
+            [fathom_proto::WRITE_FORMAT, fathom_proto::WRITE_FORMAT_HELD]
+        );
+        // Replay rebuilds the head, the stack's symbols with it.
+        let ing = open(dir.path(), store.clone(), index.clone());
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 12);
+        assert_eq!(ing.symbols(&t, &[stack]).locations.len(), 1);
+
+        // Built, then the head is cut and stored: the stack is gone.
+        let held = ing.held_stacks(&t).unwrap();
+        let stale = built_against(&*held, 1, 2, 100);
+        assert_eq!(ing.flush(None).await.unwrap().len(), 1);
+        let err = ing.write(stale.clone()).await.unwrap_err();
+        assert!(matches!(err, Error::LeftOut { stacks: 1 }), "{err}");
+        assert!(err.to_string().contains("retry"), "{err}");
+        // Once the new head holds it again, the same batch is taken.
+        ing.write(batch("t1", 1, 1)).await.unwrap();
+        assert_eq!(ing.write(stale).await.unwrap(), 1);
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 101);
+        drop(ing);
+
+        // A cut whose blocks are not stored yet: the stack comes back
+        // from the cut head, into the record.
+        let ing = Ingester::open(
+            Config {
+                data_dir: dir.path().to_owned(),
+                name: "test".into(),
+                flush_interval: Duration::from_secs(3600),
+                max_head_bytes: 1 << 30,
+                max_head_memory: 1 << 30,
+            },
+            Arc::new(ReadOnly(store.clone())),
+            index.clone(),
+            &mut Registry::default(),
+        )
+        .unwrap();
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 101);
+        let held = ing.held_stacks(&t).unwrap();
+        let pending = built_against(&*held, 1, 3, 1000);
+        let err = ing
+            .flush(Some(Instant::now() + Duration::from_millis(300)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        assert_eq!(ing.write(pending).await.unwrap(), 1);
+        drop(ing);
+        let ing = open(dir.path(), store, index);
+        assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 1101);
+        assert_eq!(ing.symbols(&t, &[stack]).stacks.len(), 1);
+    }
+
     /// A block index that refuses every change until `healthy` is set.
     #[derive(Default)]
     struct FlakyIndex {
@@ -1219,7 +1318,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
 
         let mut future = WriteRequest::from(&b);
-        future.format_version = fathom_proto::WRITE_FORMAT + 1;
+        future.format_version = fathom_proto::WRITE_FORMAT_HELD + 1;
         wal::write_segment(&wal_dir, 100, &[&future.encode_to_vec()]);
         let err = Ingester::open(
             Config {
@@ -1240,7 +1339,7 @@ mod tests {
             "{err}"
         );
         let source = std::error::Error::source(&err).unwrap().to_string();
-        let version = format!("format version {}", fathom_proto::WRITE_FORMAT + 1);
+        let version = format!("format version {}", fathom_proto::WRITE_FORMAT_HELD + 1);
         assert!(
             err.to_string().contains("cannot be replayed by this build")
                 && source.contains(&version),

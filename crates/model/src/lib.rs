@@ -34,6 +34,7 @@ pub use profile::{IngestBatch, Profile, Sample, series_id};
 pub use profile_type::{ProfileType, ProfileTypeError};
 pub use selector::{MatchOp, Matcher, Selector, SelectorError};
 pub use symbols::{
-    FrameIndex, Function, HeldStacks, Line, Location, Mapping, ResolvedIndex, Stack, StackHasher, Symbols,
+    FrameIndex, Function, HeldStacks, Line, Location, Mapping, ResolvedIndex, Stack, StackHasher,
+    Symbols,
 };
 pub use tenant::{TenantError, TenantId};

@@ -62,6 +62,19 @@ fn corpus() -> Vec<Vec<u8>> {
     out
 }
 
+/// A head's table as [`fathom_model::HeldStacks`] (generation 0).
+#[derive(Debug)]
+struct CorpusHead(fathom_model::Symbols);
+
+impl fathom_model::HeldStacks for CorpusHead {
+    fn generation(&self) -> u64 {
+        0
+    }
+    fn holds(&self, id: &fathom_model::Id) -> bool {
+        self.0.stacks.contains_key(id)
+    }
+}
+
 /// Runs `pass` over the corpus for about `secs`; MB/s of `bytes` per pass.
 /// With `FATHOM_BENCH_STAGE_ONLY` set to a comma-separated list of stage
 /// names (`prost_decode,normalize`), only those stages run (the others
@@ -186,6 +199,14 @@ fn main() {
         head.locations.len(),
         head.functions.len(),
     );
+    // The same head asked by a single process's normalizer
+    // (`NormalizeOptions::held`): every stack of the corpus is held, as in
+    // a steady stream, so none is copied into the batch.
+    let corpus_head = std::sync::Arc::new(CorpusHead(head.clone()));
+    let against_head = NormalizeOptions {
+        held: Some(corpus_head.clone()),
+        ..opts.clone()
+    };
     let large_head = |recs: &[Vec<u8>]| {
         recs.iter()
             .map(|r| {
@@ -202,7 +223,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let mut all: Vec<[f64; 15]> = Vec::new();
+    let mut all: Vec<[f64; 18]> = Vec::new();
     for _ in 0..rounds {
         let prost = rate("prost_decode", total, secs, || {
             files
@@ -250,6 +271,43 @@ fn main() {
                         .unwrap()
                         .profiles
                         .len()
+                })
+                .sum()
+        });
+        let against = rate("decode_and_normalize_against_head", total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    decode_and_normalize(b, &limits, &against_head)
+                        .unwrap()
+                        .profiles
+                        .len()
+                })
+                .sum()
+        });
+        // What a single process's write does before its WAL append:
+        // normalized against the head, the symbols the head holds
+        // dropped, the rest encoded (format 5).
+        let in_process = rate("in_process_normalize_drop_encode", total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    let mut n = decode_and_normalize(b, &limits, &against_head).unwrap();
+                    n.symbols.remove_held_by(&corpus_head.0);
+                    fathom_proto::encode_write(&tenant, &n.profiles, &n.symbols).len()
+                })
+                .sum()
+        });
+        // The same before this build: everything normalized and encoded,
+        // then the symbols the head holds looked up and dropped.
+        let in_process_before = rate("in_process_normalize_encode_drop", total, secs, || {
+            files
+                .iter()
+                .map(|b| {
+                    let mut n = decode_and_normalize(b, &limits, &opts).unwrap();
+                    let len = fathom_proto::encode_write(&tenant, &n.profiles, &n.symbols).len();
+                    n.symbols.remove_held_by(&corpus_head.0);
+                    len
                 })
                 .sum()
         });
@@ -336,6 +394,9 @@ fn main() {
             steady_v3,
             large_v4,
             large_v3,
+            against,
+            in_process,
+            in_process_before,
         ]);
     }
     let median = |i: usize| {
@@ -363,6 +424,9 @@ fn main() {
         steady_v3,
         large_v4,
         large_v3,
+        against,
+        in_process,
+        in_process_before,
     ] = std::array::from_fn(median);
     // The ratio of each round's figure to the same round's prost decode.
     let ratio = |i: usize| {
@@ -384,7 +448,10 @@ fn main() {
     figure("encode_record", 3, enc);
     figure("decode_then_normalize", 8, two_passes);
     figure("decode_and_normalize_one_pass", 9, one_pass);
+    figure("decode_and_normalize_against_head", 15, against);
     figure("distributor_decode_and_normalize_encode", 4, distributor);
+    figure("in_process_normalize_drop_encode", 16, in_process);
+    figure("in_process_normalize_encode_drop", 17, in_process_before);
     figure("ingester_record_format0_rehash_reencode", 5, ingester_v0);
     figure("ingester_record_as_received", 6, ingester_current);
     figure("ingester_record_via_prost_message", 7, ingester_via_prost);

@@ -365,6 +365,7 @@ pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{NormalizeOptions, normalize};
     use prost::Message;
 
     fn tiny() -> pprof::Profile {
@@ -392,6 +393,103 @@ mod tests {
             string_table: vec!["".into(), "cpu".into(), "nanoseconds".into(), "main".into()],
             ..Default::default()
         }
+    }
+
+    /// A head that holds `ids`, answering for generation 7.
+    #[derive(Debug)]
+    struct Head {
+        ids: fathom_model::IdSet,
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    impl fathom_model::HeldStacks for Head {
+        fn generation(&self) -> u64 {
+            7
+        }
+        fn holds(&self, id: &fathom_model::Id) -> bool {
+            self.asked
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.ids.contains(id)
+        }
+    }
+
+    /// Normalized against a head, a pprof's table leaves out the stacks
+    /// the head holds; its samples still name them, and the table says
+    /// which generation of the head it relies on.
+    #[test]
+    fn stacks_the_head_holds_are_left_out() {
+        let mut p = tiny();
+        p.location.push(pprof::Location {
+            id: 2,
+            line: vec![pprof::Line {
+                function_id: 1,
+                line: 9,
+                column: 0,
+            }],
+            ..Default::default()
+        });
+        for (stack, v) in [(vec![1, 2], 3), (vec![2], 4), (vec![1, 2], 1)] {
+            p.sample.push(pprof::Sample {
+                location_id: stack,
+                value: vec![v],
+                label: vec![],
+            });
+        }
+        let raw = p.encode_to_vec();
+        let limits = Limits::default();
+        let plain = decode_and_normalize(&raw, &limits, &NormalizeOptions::default()).unwrap();
+        assert_eq!(plain.symbols.stacks.len(), 3);
+        assert_eq!(plain.symbols.relies_on, None);
+        let sum =
+            |n: &crate::Normalized| -> i64 { n.profiles[0].samples.iter().map(|s| s.value).sum() };
+        assert_eq!(sum(&plain), 13);
+
+        // The head holds the two-frame stack (and, as a head does, its
+        // locations and function).
+        let two = plain.profiles[0]
+            .samples
+            .iter()
+            .map(|s| s.stack)
+            .find(|id| plain.symbols.stacks[id].locations.len() == 2)
+            .unwrap();
+        let head = std::sync::Arc::new(Head {
+            ids: [two].into_iter().collect(),
+            asked: Default::default(),
+        });
+        let opts = NormalizeOptions {
+            held: Some(head.clone()),
+            ..Default::default()
+        };
+        for n in [
+            decode_and_normalize(&raw, &limits, &opts).unwrap(),
+            normalize(&decode(&raw, &limits).unwrap(), &opts).unwrap(),
+        ] {
+            assert_eq!(n.symbols.stacks.len(), 2);
+            assert!(!n.symbols.stacks.contains_key(&two));
+            assert!(n.profiles[0].samples.iter().any(|s| s.stack == two));
+            assert_eq!(n.profiles, plain.profiles);
+            assert_eq!(n.symbols.relies_on, Some(7));
+            let fi = n.symbols.frame_index.as_deref().unwrap();
+            assert!(
+                fi.matches(&n.symbols),
+                "the frame index describes the table"
+            );
+        }
+        // Asked once per stack new to the profile, per pass.
+        assert_eq!(head.asked.load(std::sync::atomic::Ordering::Relaxed), 6);
+
+        // A head that holds none of them: nothing left out, nothing
+        // relied on.
+        let none = NormalizeOptions {
+            held: Some(std::sync::Arc::new(Head {
+                ids: Default::default(),
+                asked: Default::default(),
+            })),
+            ..Default::default()
+        };
+        let n = decode_and_normalize(&raw, &limits, &none).unwrap();
+        assert_eq!(n.symbols, plain.symbols);
+        assert_eq!(n.symbols.relies_on, None);
     }
 
     #[test]

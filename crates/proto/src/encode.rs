@@ -239,8 +239,7 @@ impl<'a> StackFrames<'a> {
     /// stack or a location it lacks (left out because the head it is
     /// written to holds them), else [`WRITE_FORMAT`](crate::WRITE_FORMAT).
     pub(crate) fn format(&self, positions: &SampleStacks) -> u32 {
-        if self.frames.iter().any(Option::is_none)
-            || positions.profiles.iter().any(Option::is_none)
+        if self.frames.iter().any(Option::is_none) || positions.profiles.iter().any(Option::is_none)
         {
             crate::WRITE_FORMAT_HELD
         } else {

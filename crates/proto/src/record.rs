@@ -706,6 +706,52 @@ mod tests {
         assert!(agree(&twice));
     }
 
+    /// A record of what is left once a head's symbols are dropped is of
+    /// format 5: it names the head's stack and location by id, and reads
+    /// only against a head that holds them, giving back what the head
+    /// lacked.
+    #[test]
+    fn format5_names_what_the_head_holds() {
+        let mut b = crate::encode::tests::batch();
+        let (two, leaf) = b
+            .symbols
+            .stacks
+            .iter()
+            .find(|(_, st)| st.locations.len() == 2)
+            .map(|(id, st)| (*id, st.locations[1]))
+            .unwrap();
+        // A stack the head lacks, on a location it holds.
+        let extra = b.symbols.add_stack(model::Stack {
+            locations: vec![leaf],
+        });
+        b.profiles[0].samples.push(model::Sample {
+            stack: extra,
+            value: 3,
+        });
+        let head = b.symbols.subset([&two]);
+        let mut left = b.clone();
+        left.symbols.remove_held_by(&head);
+        assert!(left.symbols.stacks.contains_key(&extra));
+        assert!(!left.symbols.locations.contains_key(&leaf));
+        let rec = encode_write_request(&left);
+        let w = crate::ingester::WriteRequest::decode(&rec[..]).unwrap();
+        assert_eq!(w.format_version, crate::WRITE_FORMAT_HELD);
+        assert_eq!(rec, w.encode_to_vec(), "prost reads every field");
+
+        // Without the head (or with one that lacks them): refused.
+        assert_eq!(decode_direct(&rec), None);
+        assert!(decode_write_request(&rec).is_err());
+        let empty = model::Symbols::default();
+        assert!(crate::decode_write_request_skipping(&rec, |_| Some(&empty)).is_err());
+        // Against the head: the samples as written, the table the head
+        // lacked.
+        let got = crate::decode_write_request_skipping(&rec, |_| Some(&head)).unwrap();
+        assert_eq!(got.profiles, b.profiles);
+        let mut whole = head.clone();
+        whole.merge_owned(got.symbols);
+        assert_eq!(whole, b.symbols);
+    }
+
     #[test]
     fn leaves_format0_and_unknown_versions_to_prost() {
         let b = crate::encode::tests::batch();
