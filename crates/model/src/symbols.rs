@@ -11,11 +11,21 @@ pub struct Function {
 
 impl Function {
     pub fn id(&self) -> Id {
+        Self::id_of(
+            &self.name,
+            &self.system_name,
+            &self.filename,
+            self.start_line,
+        )
+    }
+
+    /// The id of a function with these fields, none of them copied.
+    pub fn id_of(name: &str, system_name: &str, filename: &str, start_line: i64) -> Id {
         IdHasher::new("function")
-            .str(&self.name)
-            .str(&self.system_name)
-            .str(&self.filename)
-            .i64(self.start_line)
+            .str(name)
+            .str(system_name)
+            .str(filename)
+            .i64(start_line)
             .finish()
     }
 }
@@ -33,12 +43,22 @@ pub struct Mapping {
 
 impl Mapping {
     pub fn id(&self) -> Id {
+        Self::id_of(
+            [self.memory_start, self.memory_limit, self.file_offset],
+            &self.filename,
+            &self.build_id,
+        )
+    }
+
+    /// The id of a mapping with these fields (`[memory_start,
+    /// memory_limit, file_offset]`), none of them copied.
+    pub fn id_of(range: [u64; 3], filename: &str, build_id: &str) -> Id {
         IdHasher::new("mapping")
-            .u64(self.memory_start)
-            .u64(self.memory_limit)
-            .u64(self.file_offset)
-            .str(&self.filename)
-            .str(&self.build_id)
+            .u64(range[0])
+            .u64(range[1])
+            .u64(range[2])
+            .str(filename)
+            .str(build_id)
             .finish()
     }
 }
@@ -62,11 +82,15 @@ pub struct Location {
 
 impl Location {
     pub fn id(&self) -> Id {
+        Self::id_of(&self.mapping, self.address, self.lines.iter().copied())
+    }
+
+    /// The id of a location with these fields, its lines given one by one
+    /// (no vector needed).
+    pub fn id_of(mapping: &Id, address: u64, lines: impl ExactSizeIterator<Item = Line>) -> Id {
         let mut h = IdHasher::new("location");
-        h.id(&self.mapping)
-            .u64(self.address)
-            .u64(self.lines.len() as u64);
-        for l in &self.lines {
+        h.id(mapping).u64(address).u64(lines.len() as u64);
+        for l in lines {
             h.id(&l.function).i64(l.line);
         }
         h.finish()

@@ -419,16 +419,19 @@ mod tests {
     #[test]
     fn stacks_the_head_holds_are_left_out() {
         let mut p = tiny();
-        p.location.push(pprof::Location {
-            id: 2,
-            line: vec![pprof::Line {
-                function_id: 1,
-                line: 9,
-                column: 0,
-            }],
-            ..Default::default()
-        });
-        for (stack, v) in [(vec![1, 2], 3), (vec![2], 4), (vec![1, 2], 1)] {
+        for (id, line) in [(2, 9), (3, 11)] {
+            p.location.push(pprof::Location {
+                id,
+                line: vec![pprof::Line {
+                    function_id: 1,
+                    line,
+                    column: 0,
+                }],
+                ..Default::default()
+            });
+        }
+        // Location 3 only in the stack the head will hold.
+        for (stack, v) in [(vec![1, 3], 3), (vec![2], 4), (vec![1, 3], 1)] {
             p.sample.push(pprof::Sample {
                 location_id: stack,
                 value: vec![v],
@@ -444,6 +447,7 @@ mod tests {
             |n: &crate::Normalized| -> i64 { n.profiles[0].samples.iter().map(|s| s.value).sum() };
         assert_eq!(sum(&plain), 13);
 
+        assert_eq!(plain.symbols.locations.len(), 3);
         // The head holds the two-frame stack (and, as a head does, its
         // locations and function).
         let two = plain.profiles[0]
@@ -466,6 +470,13 @@ mod tests {
         ] {
             assert_eq!(n.symbols.stacks.len(), 2);
             assert!(!n.symbols.stacks.contains_key(&two));
+            // Nor the location only that stack names; the rest as
+            // without the head.
+            assert_eq!(n.symbols.locations.len(), 2);
+            for (id, l) in &n.symbols.locations {
+                assert_eq!(plain.symbols.locations.get(id), Some(l));
+            }
+            assert_eq!(n.symbols.functions, plain.symbols.functions);
             assert!(n.profiles[0].samples.iter().any(|s| s.stack == two));
             assert_eq!(n.profiles, plain.profiles);
             assert_eq!(n.symbols.relies_on, Some(7));

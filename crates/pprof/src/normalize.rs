@@ -399,16 +399,21 @@ pub(crate) struct Normalizer<'a> {
     locations: IdTable<Option<(Id, u32)>>,
     fn_index: IdIndex,
     map_index: IdIndex,
+    /// Content ids of the pprof's functions and mappings (by position),
+    /// computed from the borrowed strings when first named.
     fn_ids: Vec<Option<Id>>,
     map_ids: Vec<Option<Id>>,
+    /// The output's stacks; its locations, functions and mappings are
+    /// built at the end, for the stacks kept only ([`Normalizer::tables`]).
     symbols: Symbols,
-    /// The output's locations and stacks in insertion order, each stack's
-    /// frames as indexes: written into `symbols` at the end.
+    /// Every location named so far (one entry per pprof location, so a
+    /// content id may repeat) and the stacks kept, each stack's frames as
+    /// indexes: compacted at the end and written into `symbols`.
     frame_index: fathom_model::FrameIndex,
-    /// Where a location id already in `frame_index.locations` is, for the
-    /// rare pprof that lists the same location twice under two ids
-    /// (built on the first such repeat).
-    location_index: Option<fathom_model::IdMap<u32>>,
+    /// The pprof position of each entry of `frame_index.locations`.
+    positions: Vec<u32>,
+    /// A location's lines while its id is computed (reused).
+    lines: Vec<Line>,
     /// About how many samples `run` will read.
     expected_samples: usize,
 }
@@ -435,12 +440,12 @@ impl<'a> Normalizer<'a> {
             fn_ids: vec![None; p.function.len()],
             map_ids: vec![None; p.mapping.len()],
             symbols: {
-                // Sized up front: growing these maps rehashes everything.
+                // Sized up front: growing the map rehashes everything. Not
+                // when the head holds most stacks (a steady stream).
                 let mut s = Symbols::default();
-                s.stacks.reserve(samples);
-                s.locations.reserve(p.location.len());
-                s.functions.reserve(p.function.len());
-                s.mappings.reserve(p.mapping.len());
+                if opts.held.is_none() {
+                    s.stacks.reserve(samples);
+                }
                 s
             },
             frame_index: fathom_model::FrameIndex {
@@ -448,7 +453,8 @@ impl<'a> Normalizer<'a> {
                 stacks: Vec::with_capacity(samples),
                 indexes: Vec::new(),
             },
-            location_index: None,
+            positions: Vec::with_capacity(p.location.len()),
+            lines: Vec::new(),
             expected_samples: samples,
         })
     }
@@ -484,13 +490,11 @@ impl<'a> Normalizer<'a> {
             return Ok(id);
         }
         let m = &self.p.mapping[i];
-        let mid = self.symbols.add_mapping(Mapping {
-            memory_start: m.memory_start,
-            memory_limit: m.memory_limit,
-            file_offset: m.file_offset,
-            filename: self.string(m.filename, "a mapping file name")?.to_owned(),
-            build_id: self.string(m.build_id, "a mapping build id")?.to_owned(),
-        });
+        let mid = Mapping::id_of(
+            [m.memory_start, m.memory_limit, m.file_offset],
+            self.string(m.filename, "a mapping file name")?,
+            self.string(m.build_id, "a mapping build id")?,
+        );
         self.map_ids[i] = Some(mid);
         Ok(mid)
     }
@@ -507,20 +511,19 @@ impl<'a> Normalizer<'a> {
             return Ok(id);
         }
         let f = &self.p.function[i];
-        let fid = self.symbols.add_function(Function {
-            name: self.string(f.name, "a function name")?.to_owned(),
-            system_name: self
-                .string(f.system_name, "a function system name")?
-                .to_owned(),
-            filename: self.string(f.filename, "a function file name")?.to_owned(),
-            start_line: f.start_line,
-        });
+        let fid = Function::id_of(
+            self.string(f.name, "a function name")?,
+            self.string(f.system_name, "a function system name")?,
+            self.string(f.filename, "a function file name")?,
+            f.start_line,
+        );
         self.fn_ids[i] = Some(fid);
         Ok(fid)
     }
 
-    /// The model id of pprof location `id` and its index among the
-    /// output's locations.
+    /// The model id of pprof location `id` and its index among
+    /// `frame_index.locations`. Only ids are computed (nothing is copied):
+    /// the tables are built at the end for the stacks kept.
     #[inline]
     fn location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
         let (pos, memo) = *self
@@ -533,10 +536,10 @@ impl<'a> Normalizer<'a> {
         if let Some(memo) = memo {
             return Ok(memo);
         }
-        let i = pos as usize;
-        let l = &self.p.location[i];
+        let l = &self.p.location[pos as usize];
         let mapping = self.mapping_id(l.id, l.mapping_id)?;
-        let mut lines = Vec::with_capacity(l.line.len());
+        let mut lines = std::mem::take(&mut self.lines);
+        lines.clear();
         // A line without a function names nothing: it is dropped.
         for ln in l.line.iter().filter(|ln| ln.function_id != 0) {
             lines.push(Line {
@@ -544,36 +547,131 @@ impl<'a> Normalizer<'a> {
                 line: ln.line,
             });
         }
-        let before = self.symbols.locations.len();
-        let lid = self.symbols.add_location(Location {
-            mapping,
-            address: l.address,
-            lines,
-        });
-        let order = &mut self.frame_index.locations;
-        let index = if self.symbols.locations.len() > before {
-            order.push(lid);
-            if let Some(m) = &mut self.location_index {
-                m.insert(lid, (order.len() - 1) as u32);
-            }
-            order.len() - 1
-        } else {
-            // The same location under a second pprof id.
-            let m = self.location_index.get_or_insert_with(|| {
-                order
-                    .iter()
-                    .enumerate()
-                    .map(|(i, l)| (*l, i as u32))
-                    .collect()
-            });
-            m.get(&lid).map_or(0, |&i| i as usize)
-        };
+        let lid = Location::id_of(&mapping, l.address, lines.iter().copied());
+        self.lines = lines;
         // Fewer than u32::MAX: the decoder's limits bound the locations.
-        let memo = (lid, index as u32);
+        let memo = (lid, self.frame_index.locations.len() as u32);
+        self.frame_index.locations.push(lid);
+        self.positions.push(pos);
         if let Some(e) = self.locations.get_mut(id) {
             e.1 = Some(memo);
         }
         Ok(memo)
+    }
+
+    /// Builds the tables of what the kept stacks name (every stack, unless
+    /// the head holds some): each location once, its functions and
+    /// mapping; the frame index is compacted to those locations.
+    fn tables(&mut self) {
+        let Normalizer {
+            p,
+            fn_index,
+            map_index,
+            fn_ids,
+            map_ids,
+            symbols,
+            frame_index: fi,
+            positions,
+            ..
+        } = self;
+        let p: &pprof::Profile = p;
+        // The owned string at a string table index already checked.
+        let owned = |index: i64| -> String {
+            usize::try_from(index)
+                .ok()
+                .and_then(|i| p.string_table.get(i))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let n = fi.locations.len();
+        let mut needed = vec![false; n];
+        for &i in &fi.indexes {
+            needed[i as usize] = true;
+        }
+        let mut remap = vec![u32::MAX; n];
+        let mut kept: Vec<Id> = Vec::with_capacity(n);
+        // Where a location id already in `kept` is, for the rare pprof
+        // that lists the same location twice under two ids (built at the
+        // first such repeat).
+        let mut at: Option<fathom_model::IdMap<u32>> = None;
+        let count = needed.iter().filter(|&&x| x).count();
+        symbols.locations.reserve(count);
+        for i in 0..n {
+            if !needed[i] {
+                continue;
+            }
+            let lid = fi.locations[i];
+            match symbols.locations.entry(lid) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let l = &p.location[positions[i] as usize];
+                    let mapping = map_index
+                        .get(l.mapping_id)
+                        .and_then(|m| map_ids[m].map(|id| (m, id)));
+                    let lines: Vec<Line> = l
+                        .line
+                        .iter()
+                        .filter(|ln| ln.function_id != 0)
+                        .filter_map(|ln| {
+                            let f = fn_index.get(ln.function_id)?;
+                            let function = fn_ids[f]?;
+                            if let std::collections::hash_map::Entry::Vacant(e) =
+                                symbols.functions.entry(function)
+                            {
+                                let f = &p.function[f];
+                                e.insert(Function {
+                                    name: owned(f.name),
+                                    system_name: owned(f.system_name),
+                                    filename: owned(f.filename),
+                                    start_line: f.start_line,
+                                });
+                            }
+                            Some(Line {
+                                function,
+                                line: ln.line,
+                            })
+                        })
+                        .collect();
+                    if let Some((m, id)) = mapping
+                        && let std::collections::hash_map::Entry::Vacant(e) =
+                            symbols.mappings.entry(id)
+                    {
+                        let m = &p.mapping[m];
+                        e.insert(Mapping {
+                            memory_start: m.memory_start,
+                            memory_limit: m.memory_limit,
+                            file_offset: m.file_offset,
+                            filename: owned(m.filename),
+                            build_id: owned(m.build_id),
+                        });
+                    }
+                    v.insert(Location {
+                        mapping: mapping.map_or(Id::ZERO, |(_, id)| id),
+                        address: l.address,
+                        lines,
+                    });
+                    remap[i] = kept.len() as u32;
+                    if let Some(m) = &mut at {
+                        m.insert(lid, kept.len() as u32);
+                    }
+                    kept.push(lid);
+                }
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    let m = at.get_or_insert_with(|| {
+                        kept.iter()
+                            .enumerate()
+                            .map(|(k, l)| (*l, k as u32))
+                            .collect()
+                    });
+                    remap[i] = m.get(&lid).copied().unwrap_or(0);
+                }
+            }
+        }
+        if kept.len() != n {
+            for x in &mut fi.indexes {
+                *x = remap[*x as usize];
+            }
+        }
+        fi.locations = kept;
     }
 
     /// The series labels for a sample's string labels.
@@ -803,6 +901,7 @@ impl<'a> Normalizer<'a> {
                 });
             }
         }
+        self.tables();
         let mut symbols = self.symbols;
         if !left_out.is_empty() {
             symbols.relies_on = generation;
