@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! write_record(bytes) ─ decode once (ids as sent) ─┐
-//! write(batch) ─ encode the record once ───────────┴► WAL append (the record's
+//! write(batch) ─ drop what the head holds, encode ─┴► WAL append (the record's
 //!                bytes as received) + fsync (group commit) ──► per-tenant head ──► ack
 //!                                                           │ every flush interval,
 //!                                                           │ at the size limit, on shutdown
@@ -16,9 +16,12 @@
 //! (`fathom_proto::encode_write_request`, format 4: every symbol with its
 //! content-addressed id, stacks indexing the record's locations, samples
 //! indexing its stacks): its bytes are the WAL record, and the head takes
-//! the ids as sent and the batch's symbols by move. Replay reads records
-//! of format 0 (ids recomputed), 2, 3 and 4, and refuses to start on any
-//! other
+//! the ids as sent and the batch's symbols by move. A single process's
+//! write ([`Ingester::write`]) is built against the head
+//! ([`Ingester::held_stacks`]): its record, encoded here, leaves out what
+//! the head holds (format 5). Replay decodes each record against the head
+//! the records before it rebuilt; it reads records of format 0 (ids
+//! recomputed), 2, 3, 4 and 5, and refuses to start on any other
 //! ([`Error::RecordVersion`]).
 //!
 //! Invariants:

@@ -30,8 +30,12 @@
 //! and its value (two varints instead of a message with a 16-byte id), so
 //! that a receiver finds a sample's stack by position, not by a lookup.
 //! Format 0, the first one, has no ids and the receiver recomputes them
-//! from the content. A WAL written in format 0, 2 or 3 replays; any other
-//! version is refused with [`ConvertError::FormatVersion`].
+//! from the content. Format 5 ([`WRITE_FORMAT_HELD`]) is format 4 written
+//! by a single process's ingester after leaving out what its head holds:
+//! it may name such stacks and locations by id without carrying them, and
+//! is read against that head ([`decode_write_request_skipping`]). A WAL
+//! written in format 0, 2, 3, 4 or 5 replays; any other version is refused
+//! with [`ConvertError::FormatVersion`].
 
 #[allow(unreachable_pub, clippy::all)]
 mod encode;
