@@ -16,6 +16,16 @@
 //! one decode), the latter both with the direct decoder
 //! (`fathom_proto::decode_write_request`) and through the prost message
 //! (`decode_write_request_prost`, what it replaced).
+//!
+//! A single process's write (`fathom all`) is measured both ways too:
+//! `in_process_normalize_encode_drop` is the path before record format 5
+//! (every symbol normalized and encoded, then those the head holds looked
+//! up and dropped); `in_process_normalize_drop_encode` normalizes against
+//! a head holding the whole corpus (a steady stream), drops what it holds
+//! and encodes the rest. `FATHOM_BENCH_STAGE_ONLY=a,b` runs only the
+//! stages named; run with `MIMALLOC_PURGE_DELAY=-1`, as the server sets
+//! mimalloc (`cmd/src/alloc.rs`), or fresh pages' zeroing shows in every
+//! stage.
 
 /// The allocator of `fathom`'s server roles (cmd/src/alloc.rs), so that
 /// allocation costs what it costs in the server.
