@@ -239,6 +239,17 @@ impl HeldStacks for HeadStacks {
             .get(&self.tenant)
             .is_some_and(|h| h.symbols.stacks.contains_key(id))
     }
+
+    fn holds_each(&self, ids: &[Id]) -> Vec<bool> {
+        let st = self.ingester.state.read();
+        match st.active.get(&self.tenant) {
+            Some(h) => ids
+                .iter()
+                .map(|id| h.symbols.stacks.contains_key(id))
+                .collect(),
+            None => vec![false; ids.len()],
+        }
+    }
 }
 
 impl Ingester {

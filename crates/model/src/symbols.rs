@@ -186,6 +186,13 @@ pub trait HeldStacks: Send + Sync + std::fmt::Debug {
     /// Whether the head holds the stack `id` (with its locations,
     /// functions and mappings).
     fn holds(&self, id: &Id) -> bool;
+
+    /// [`HeldStacks::holds`] of each of `ids`, in order: one call for a
+    /// whole profile, so that an implementation can take its lock once
+    /// and let the lookups' cache misses overlap.
+    fn holds_each(&self, ids: &[Id]) -> Vec<bool> {
+        ids.iter().map(|id| self.holds(id)).collect()
+    }
 }
 
 impl PartialEq for Symbols {

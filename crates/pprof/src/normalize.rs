@@ -559,6 +559,45 @@ impl<'a> Normalizer<'a> {
         Ok(memo)
     }
 
+    /// Asks the head (if any) which of the profile's stacks it holds, all
+    /// at once (one loop of lookups, whose cache misses overlap), and
+    /// builds the others into the table; the frame index keeps those
+    /// only. Whether any was left out.
+    fn stacks(&mut self) -> bool {
+        let fi = &mut self.frame_index;
+        let held = match self.opts.held.as_deref() {
+            Some(h) => {
+                let ids: Vec<Id> = fi.stacks.iter().map(|s| s.0).collect();
+                h.holds_each(&ids)
+            }
+            None => Vec::new(),
+        };
+        let left_out = held.iter().any(|&h| h);
+        let kept = fi.stacks.len() - held.iter().filter(|&&h| h).count();
+        self.symbols.stacks.reserve(kept);
+        let mut stacks = Vec::with_capacity(if left_out { kept } else { 0 });
+        let mut indexes = Vec::new();
+        let mut start = 0;
+        for (k, &(id, end)) in fi.stacks.iter().enumerate() {
+            let frames = &fi.indexes[start..end as usize];
+            start = end as usize;
+            if held.get(k).copied().unwrap_or(false) {
+                continue;
+            }
+            let locations = frames.iter().map(|&i| fi.locations[i as usize]).collect();
+            self.symbols.stacks.insert(id, Stack { locations });
+            if left_out {
+                indexes.extend_from_slice(frames);
+                stacks.push((id, indexes.len() as u32));
+            }
+        }
+        if left_out {
+            fi.stacks = stacks;
+            fi.indexes = indexes;
+        }
+        left_out
+    }
+
     /// Builds the tables of what the kept stacks name (every stack, unless
     /// the head holds some): each location once, its functions and
     /// mapping; the frame index is compacted to those locations.
@@ -740,11 +779,10 @@ impl<'a> Normalizer<'a> {
         let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
         // The head's generation is read before its first answer, so a cut
-        // during this loop shows as another generation.
-        let held = self.opts.held.as_deref();
-        let generation = held.map(|h| h.generation());
-        // Stacks left out because the head holds them.
-        let mut left_out = fathom_model::IdSet::default();
+        // since shows as another generation.
+        let generation = self.opts.held.as_deref().map(|h| h.generation());
+        // The profile's stacks, once there are several series.
+        let mut seen: Option<fathom_model::IdSet> = None;
 
         let mut next = 0usize;
         while let Some(s) = samples.next_sample() {
@@ -837,20 +875,20 @@ impl<'a> Normalizer<'a> {
             }
             let stack_id = stack_hasher.id(&stack.locations);
 
+            let several = series.len() > 1;
             let ser = &mut series[sidx];
             let slot = match ser.slot_of.entry(stack_id) {
                 std::collections::hash_map::Entry::Occupied(e) => *e.get() as usize,
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    // New to this series, so maybe new to the profile.
-                    if let std::collections::hash_map::Entry::Vacant(v) =
-                        self.symbols.stacks.entry(stack_id)
-                        && !held.is_some_and(|h| {
-                            left_out.contains(&stack_id)
-                                || (h.holds(&stack_id) && left_out.insert(stack_id))
-                        })
-                    {
-                        v.insert(stack.clone());
-                        let fi = &mut self.frame_index;
+                    // New to this series, so new to the profile while there
+                    // is one series; with more, a set of the profile's
+                    // stacks (built when the second one appears) says.
+                    let fi = &mut self.frame_index;
+                    let new = !several
+                        || seen
+                            .get_or_insert_with(|| fi.stacks.iter().map(|s| s.0).collect())
+                            .insert(stack_id);
+                    if new {
                         fi.indexes.extend_from_slice(&frames);
                         fi.stacks.push((stack_id, fi.indexes.len() as u32));
                     }
@@ -901,9 +939,10 @@ impl<'a> Normalizer<'a> {
                 });
             }
         }
+        let left_out = self.stacks();
         self.tables();
         let mut symbols = self.symbols;
-        if !left_out.is_empty() {
+        if left_out {
             symbols.relies_on = generation;
         }
         // The frames of every stack of a pprof within the decoder's limits
