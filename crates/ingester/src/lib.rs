@@ -803,6 +803,15 @@ mod tests {
     }
 
     fn open(dir: &std::path::Path, store: Arc<InMemory>, index: Arc<MemoryIndex>) -> Arc<Ingester> {
+        open_on(dir, store, index)
+    }
+
+    /// [`open`] on any store (one that refuses uploads, say).
+    fn open_on(
+        dir: &std::path::Path,
+        store: Arc<dyn ObjectStore>,
+        index: Arc<dyn BlockIndex>,
+    ) -> Arc<Ingester> {
         Ingester::open(
             Config {
                 data_dir: dir.to_owned(),
@@ -881,19 +890,7 @@ mod tests {
         let store = Arc::new(InMemory::new());
         let index = Arc::new(MemoryIndex::default());
         let t = TenantId::new("t1").unwrap();
-        let ing = Ingester::open(
-            Config {
-                data_dir: dir.path().to_owned(),
-                name: "test".into(),
-                flush_interval: Duration::from_secs(3600),
-                max_head_bytes: 1 << 30,
-                max_head_memory: 1 << 30,
-            },
-            Arc::new(ReadOnly(store.clone())),
-            index.clone(),
-            &mut Registry::default(),
-        )
-        .unwrap();
+        let ing = open_on(dir.path(), Arc::new(ReadOnly(store.clone())), index.clone());
         ing.write(batch("t1", 1, 5)).await.unwrap();
         let err = ing
             .flush(Some(Instant::now() + Duration::from_millis(300)))
@@ -982,19 +979,7 @@ mod tests {
 
         // A cut whose blocks are not stored yet: the stack comes back
         // from the cut head, into the record.
-        let ing = Ingester::open(
-            Config {
-                data_dir: dir.path().to_owned(),
-                name: "test".into(),
-                flush_interval: Duration::from_secs(3600),
-                max_head_bytes: 1 << 30,
-                max_head_memory: 1 << 30,
-            },
-            Arc::new(ReadOnly(store.clone())),
-            index.clone(),
-            &mut Registry::default(),
-        )
-        .unwrap();
+        let ing = open_on(dir.path(), Arc::new(ReadOnly(store.clone())), index.clone());
         assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 101);
         let held = ing.held_stacks(&t).unwrap();
         let pending = built_against(&*held, 1, 3, 1000);
