@@ -231,16 +231,7 @@ impl HeldStacks for HeadStacks {
         self.generation
     }
 
-    fn holds(&self, id: &Id) -> bool {
-        self.ingester
-            .state
-            .read()
-            .active
-            .get(&self.tenant)
-            .is_some_and(|h| h.symbols.stacks.contains_key(id))
-    }
-
-    fn holds_each(&self, ids: &[Id]) -> Vec<bool> {
+    fn holds(&self, ids: &[Id]) -> Vec<bool> {
         let st = self.ingester.state.read();
         match st.active.get(&self.tenant) {
             Some(h) => ids
@@ -914,7 +905,7 @@ mod tests {
     fn built_against(held: &dyn HeldStacks, seed: u64, n: u64, value: i64) -> IngestBatch {
         let mut b = batch("t1", seed, value);
         let stack = b.profiles[0].samples[0].stack;
-        assert!(held.holds(&stack), "the head holds the stack");
+        assert_eq!(held.holds(&[stack]), [true], "the head holds the stack");
         b.profiles[0].id = IdHasher::new("again").u64(seed).u64(n).finish();
         b.symbols = Symbols {
             relies_on: Some(held.generation()),
@@ -951,7 +942,7 @@ mod tests {
             assert!(ing.held_stacks(&t).is_none(), "no head yet");
             ing.write(batch("t1", 1, 5)).await.unwrap();
             let held = ing.held_stacks(&t).unwrap();
-            assert!(!held.holds(&IdHasher::new("x").finish()));
+            assert_eq!(held.holds(&[IdHasher::new("x").finish()]), [false]);
             assert_eq!(ing.write(built_against(&*held, 1, 1, 7)).await.unwrap(), 1);
             assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 12);
         }

@@ -80,8 +80,10 @@ impl fathom_model::HeldStacks for CorpusHead {
     fn generation(&self) -> u64 {
         0
     }
-    fn holds(&self, id: &fathom_model::Id) -> bool {
-        self.0.stacks.contains_key(id)
+    fn holds(&self, ids: &[fathom_model::Id]) -> Vec<bool> {
+        ids.iter()
+            .map(|id| self.0.stacks.contains_key(id))
+            .collect()
     }
 }
 

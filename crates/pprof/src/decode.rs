@@ -406,10 +406,10 @@ mod tests {
         fn generation(&self) -> u64 {
             7
         }
-        fn holds(&self, id: &fathom_model::Id) -> bool {
+        fn holds(&self, ids: &[fathom_model::Id]) -> Vec<bool> {
             self.asked
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.ids.contains(id)
+                .fetch_add(ids.len(), std::sync::atomic::Ordering::Relaxed);
+            ids.iter().map(|id| self.ids.contains(id)).collect()
         }
     }
 
@@ -486,7 +486,7 @@ mod tests {
                 "the frame index describes the table"
             );
         }
-        // Asked once per stack new to the profile, per pass.
+        // Asked about each of the profile's stacks once, per pass.
         assert_eq!(head.asked.load(std::sync::atomic::Ordering::Relaxed), 6);
 
         // A head that holds none of them: nothing left out, nothing

@@ -439,15 +439,7 @@ impl<'a> Normalizer<'a> {
             map_index: IdIndex::new(p.mapping.iter().map(|m| m.id)).map_err(bad("mapping"))?,
             fn_ids: vec![None; p.function.len()],
             map_ids: vec![None; p.mapping.len()],
-            symbols: {
-                // Sized up front: growing the map rehashes everything. Not
-                // when the head holds most stacks (a steady stream).
-                let mut s = Symbols::default();
-                if opts.held.is_none() {
-                    s.stacks.reserve(samples);
-                }
-                s
-            },
+            symbols: Symbols::default(),
             frame_index: fathom_model::FrameIndex {
                 locations: Vec::with_capacity(p.location.len()),
                 stacks: Vec::with_capacity(samples),
@@ -568,7 +560,7 @@ impl<'a> Normalizer<'a> {
         let held = match self.opts.held.as_deref() {
             Some(h) => {
                 let ids: Vec<Id> = fi.stacks.iter().map(|s| s.0).collect();
-                h.holds_each(&ids)
+                h.holds(&ids)
             }
             None => Vec::new(),
         };
@@ -775,7 +767,8 @@ impl<'a> Normalizer<'a> {
         let mut series_by_raw: HashMap<Vec<(i64, i64)>, usize> = HashMap::new();
         let mut series_by_labels: HashMap<Labels, usize> = HashMap::new();
         let mut raw_labels: Vec<(i64, i64)> = Vec::new();
-        let mut stack = Stack::default();
+        // A sample's location ids, hashed into its stack id.
+        let mut stack_locations: Vec<Id> = Vec::new();
         let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
         // The head's generation is read before its first answer, so a cut
@@ -866,14 +859,14 @@ impl<'a> Normalizer<'a> {
                 }
             };
 
-            stack.locations.clear();
+            stack_locations.clear();
             frames.clear();
             for &lid in &s.location_id {
                 let (id, index) = self.location_id(si, lid)?;
-                stack.locations.push(id);
+                stack_locations.push(id);
                 frames.push(index);
             }
-            let stack_id = stack_hasher.id(&stack.locations);
+            let stack_id = stack_hasher.id(&stack_locations);
 
             let several = series.len() > 1;
             let ser = &mut series[sidx];

@@ -27,11 +27,6 @@ fn flushed_blocks_open_with_pyarrow() {
     fathom_integration::require_python("pyarrow", "pyarrow");
     let dir = tempfile::tempdir().unwrap();
     let mut f = Fathom::start(dir.path(), &[]).unwrap();
-    let file = corpus()
-        .unwrap()
-        .into_iter()
-        .find(|c| c.file.ends_with("internal/report/testdata/sample.cpu"))
-        .unwrap();
     let (s, b) = f
         .ingest(
             Some("pa"),
@@ -40,7 +35,7 @@ fn flushed_blocks_open_with_pyarrow() {
                 ("format", "pprof"),
                 ("from", "1704067200"),
             ],
-            std::fs::read(&file.path).unwrap(),
+            sample_cpu(),
         )
         .unwrap();
     assert_eq!(s, 200, "{b}");
@@ -97,19 +92,8 @@ fn fathom_all_compacts_its_blocks_through_its_metastore() {
         ],
     )
     .unwrap();
-    let file = corpus()
-        .unwrap()
-        .into_iter()
-        .find(|c| c.file.ends_with("internal/report/testdata/sample.cpu"))
-        .unwrap();
-    let body = std::fs::read(&file.path).unwrap();
-    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"sample\"}";
-    let total = |f: &Fathom| -> i64 {
-        f.folded(Some("pc"), cpu, "1704060000000", "1704070000000")
-            .unwrap()
-            .values()
-            .sum()
-    };
+    let body = sample_cpu();
+    let total = |f: &Fathom| -> i64 { sample_folded(f).values().sum() };
     let wait = |f: &Fathom, what: &str, ok: &dyn Fn(&Fathom) -> bool| {
         let t0 = std::time::Instant::now();
         while !ok(f) {
@@ -124,14 +108,7 @@ fn fathom_all_compacts_its_blocks_through_its_metastore() {
     let metric = |f: &Fathom, name: &str| f.metric(name).unwrap_or(0.0);
     let mut single = 0;
     for (i, from) in ["1704067200", "1704067260"].iter().enumerate() {
-        let (s, b) = f
-            .ingest(
-                Some("pc"),
-                &[("name", "sample"), ("format", "pprof"), ("from", from)],
-                body.clone(),
-            )
-            .unwrap();
-        assert_eq!(s, 200, "{b}");
+        push_sample(&f, &body, from);
         if i == 0 {
             single = total(&f);
             assert!(single > 0);
@@ -185,36 +162,19 @@ fn fathom_all_compacts_its_blocks_through_its_metastore() {
 fn fathom_all_replays_writes_built_against_its_head_after_kill() {
     let dir = tempfile::tempdir().unwrap();
     let mut f = Fathom::start(dir.path(), &[]).unwrap();
-    let file = corpus()
-        .unwrap()
-        .into_iter()
-        .find(|c| c.file.ends_with("internal/report/testdata/sample.cpu"))
-        .unwrap();
-    let body = std::fs::read(&file.path).unwrap();
-    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"sample\"}";
-    let folded = |f: &Fathom| {
-        f.folded(Some("pc"), cpu, "1704060000000", "1704070000000")
-            .unwrap()
-    };
+    let body = sample_cpu();
     let mut single = 0;
     for (i, from) in ["1704067200", "1704067260", "1704067320"]
         .iter()
         .enumerate()
     {
-        let (s, b) = f
-            .ingest(
-                Some("pc"),
-                &[("name", "sample"), ("format", "pprof"), ("from", from)],
-                body.clone(),
-            )
-            .unwrap();
-        assert_eq!(s, 200, "{b}");
+        push_sample(&f, &body, from);
         if i == 0 {
-            single = folded(&f).values().sum::<i64>();
+            single = sample_folded(&f).values().sum::<i64>();
             assert!(single > 0);
         }
     }
-    let before = folded(&f);
+    let before = sample_folded(&f);
     assert_eq!(before.values().sum::<i64>(), 3 * single);
     f.kill();
     f.start_again().unwrap();
@@ -230,5 +190,39 @@ fn fathom_all_replays_writes_built_against_its_head_after_kill() {
         "{}",
         f.log()
     );
-    assert_eq!(folded(&f), before, "the same answer after replay");
+    assert_eq!(sample_folded(&f), before, "the same answer after replay");
+}
+
+/// Go's `sample.cpu` of the corpus, as a client posts it.
+fn sample_cpu() -> Vec<u8> {
+    let file = corpus()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.file.ends_with("internal/report/testdata/sample.cpu"))
+        .unwrap();
+    std::fs::read(&file.path).unwrap()
+}
+
+/// Posts `body` to tenant `pc` as service `sample` at `from` (seconds).
+fn push_sample(f: &Fathom, body: &[u8], from: &str) {
+    let (s, b) = f
+        .ingest(
+            Some("pc"),
+            &[("name", "sample"), ("format", "pprof"), ("from", from)],
+            body.to_vec(),
+        )
+        .unwrap();
+    assert_eq!(s, 200, "{b}");
+}
+
+/// Service `sample`'s CPU time in tenant `pc`, merged over the hours
+/// these tests write.
+fn sample_folded(f: &Fathom) -> std::collections::BTreeMap<String, i64> {
+    f.folded(
+        Some("pc"),
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"sample\"}",
+        "1704060000000",
+        "1704070000000",
+    )
+    .unwrap()
 }
