@@ -242,24 +242,48 @@ impl Distributor {
         if payloads.is_empty() {
             return Ok(Accepted::default());
         }
+        let held = self.writer.held_stacks(&tenant);
+        // A batch that leaves out what the ingesters held may meet a head
+        // cut since: then it is decoded again, whole (the payloads are
+        // reference-counted bytes; the same time and profile ids, so the
+        // replicas that took the first one skip it).
+        let again = held.as_ref().map(|_| (payloads.clone(), limits.clone()));
+        let now = now_nanos();
+        let batch = self.decode(&tenant, payloads, limits, held).await?;
+        let (profiles, samples) = match self.accept_or_left_out(batch, now).await {
+            Ok(n) => n,
+            Err(crate::Refused::LeftOut(why)) if let Some((payloads, limits)) = again => {
+                self.metrics.resent_whole.inc();
+                tracing::debug!(%tenant, reason = %why, "a write left out stacks a head no longer holds; writing it whole");
+                let batch = self.decode(&tenant, payloads, limits, None).await?;
+                self.accept(batch, now).await?
+            }
+            Err(crate::Refused::LeftOut(why)) => return Err(ApiError::Unavailable(why)),
+            Err(crate::Refused::Api(e)) => return Err(e),
+        };
+        Ok(Accepted { profiles, samples })
+    }
+
+    /// Decodes `payloads` into one batch on the blocking pool, leaving out
+    /// the stacks `held` says the ingesters hold.
+    async fn decode(
+        &self,
+        tenant: &TenantId,
+        payloads: Vec<Payload>,
+        limits: crate::Limits,
+        held: Option<std::sync::Arc<dyn fathom_model::HeldStacks>>,
+    ) -> Result<IngestBatch, ApiError> {
         let metrics = self.metrics.clone();
         let t = tenant.clone();
-        let held = self.writer.held_stacks(&tenant);
         let (profiles, symbols) =
             tokio::task::spawn_blocking(move || decode_all(&t, payloads, &limits, &metrics, held))
                 .await
                 .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
-        let (profiles, samples) = self
-            .accept(
-                IngestBatch {
-                    tenant,
-                    profiles,
-                    symbols,
-                },
-                now_nanos(),
-            )
-            .await?;
-        Ok(Accepted { profiles, samples })
+        Ok(IngestBatch {
+            tenant: tenant.clone(),
+            profiles,
+            symbols,
+        })
     }
 
     /// Counts a request of `protocol` as ok or error (adapters call it

@@ -24,6 +24,7 @@
 //! The [`IngesterWriter`] decides where a batch goes: the in-process
 //! ingester in `fathom all`, replicated ingesters in a cluster.
 
+mod acked;
 mod http;
 mod inflight;
 pub mod ingest;
@@ -99,12 +100,17 @@ pub enum WriteError {
     },
     #[error("{0}")]
     Internal(String),
+    /// The batch left out stacks (built against what the ingesters held,
+    /// [`IngesterWriter::held_stacks`]) that a replica's head no longer
+    /// holds: the request is decoded again and written whole.
+    #[error("{0}")]
+    LeftOut(String),
 }
 
 impl From<WriteError> for ApiError {
     fn from(e: WriteError) -> Self {
         match e {
-            WriteError::Unavailable(m) => ApiError::Unavailable(m),
+            WriteError::Unavailable(m) | WriteError::LeftOut(m) => ApiError::Unavailable(m),
             WriteError::Limit { message, .. } => ApiError::RateLimited(message),
             WriteError::Internal(m) => ApiError::Internal(m),
         }
@@ -117,11 +123,13 @@ pub trait IngesterWriter: Send + Sync + 'static {
     /// Returns once the batch is durable (acknowledged).
     async fn write(&self, batch: IngestBatch) -> Result<(), WriteError>;
 
-    /// The stacks the ingester `tenant`'s next write goes to holds, when
-    /// it is in this process and can take a batch that leaves them out
-    /// ([`fathom_model::Symbols::relies_on`]); `None` (the default, and
-    /// always across processes, where every replica holds other stacks)
-    /// builds batches with every stack.
+    /// The stacks that the ingesters `tenant`'s next write goes to hold,
+    /// when they can take a batch that leaves them out: the in-process
+    /// ingester's head ([`fathom_model::Symbols::relies_on`]), or in a
+    /// cluster the stacks every replica acknowledged under its current
+    /// head. A write that a replica refuses for it fails with
+    /// [`WriteError::LeftOut`] and is built again whole. `None` (the
+    /// default) builds batches with every stack.
     fn held_stacks(&self, _tenant: &TenantId) -> Option<Arc<dyn fathom_model::HeldStacks>> {
         None
     }
@@ -136,6 +144,9 @@ pub(crate) struct Metrics {
     pub(crate) samples: Counter,
     /// Requests refused by a per-tenant limit, by tenant and limit.
     pub(crate) refused: Family<Vec<(String, String)>, Counter>,
+    /// Writes built again whole after a replica no longer held a stack
+    /// they left out.
+    pub(crate) resent_whole: Counter,
 }
 
 /// The distributor; cheap to clone.
@@ -174,6 +185,11 @@ impl Distributor {
             "tenant_refused",
             "Write requests refused by a per-tenant limit, by tenant (with a tenants file; \"*\" without) and limit",
             metrics.refused.clone(),
+        );
+        r.register(
+            "writes_resent_whole",
+            "Writes that left out stacks an ingester's head had acknowledged, decoded again and written whole because a head was cut or restarted meanwhile",
+            metrics.resent_whole.clone(),
         );
         Distributor {
             limits: Arc::new(limits),
@@ -261,9 +277,24 @@ impl Distributor {
     )]
     pub async fn accept(
         &self,
-        mut batch: IngestBatch,
+        batch: IngestBatch,
         now_nanos: i64,
     ) -> Result<(usize, usize), ApiError> {
+        self.accept_or_left_out(batch, now_nanos)
+            .await
+            .map_err(|e| match e {
+                Refused::Api(e) => e,
+                Refused::LeftOut(m) => ApiError::Unavailable(m),
+            })
+    }
+
+    /// [`Distributor::accept`], telling a batch that left out stacks a
+    /// replica no longer holds ([`WriteError::LeftOut`]) apart.
+    pub(crate) async fn accept_or_left_out(
+        &self,
+        mut batch: IngestBatch,
+        now_nanos: i64,
+    ) -> Result<(usize, usize), Refused> {
         let (l, _) = self.limits_for(&batch.tenant);
         for p in &mut batch.profiles {
             if let Err(e) =
@@ -271,7 +302,7 @@ impl Distributor {
                     .check_limits(l.max_labels, l.max_label_name_len, l.max_label_value_len)
             {
                 self.refused(&batch.tenant, "labels");
-                return Err(ApiError::bad_request(format!("series {}: {e}", p.labels)));
+                return Err(ApiError::bad_request(format!("series {}: {e}", p.labels)).into());
             }
             if p.samples.len() > l.max_samples {
                 self.refused(&batch.tenant, "samples");
@@ -279,7 +310,8 @@ impl Distributor {
                     "a profile has {} samples; the limit is {}",
                     p.samples.len(),
                     l.max_samples
-                )));
+                ))
+                .into());
             }
             if p.time_nanos == 0 {
                 p.time_nanos = now_nanos;
@@ -296,11 +328,27 @@ impl Distributor {
             if let WriteError::Limit { limit, .. } = &e {
                 self.refused(&tenant, limit);
             }
-            return Err(e.into());
+            if let WriteError::LeftOut(m) = e {
+                return Err(Refused::LeftOut(m));
+            }
+            return Err(Refused::Api(e.into()));
         }
         self.metrics.profiles.inc_by(profiles as u64);
         self.metrics.samples.inc_by(samples as u64);
         Ok((profiles, samples))
+    }
+}
+
+/// Why [`Distributor::accept_or_left_out`] did not write a batch.
+pub(crate) enum Refused {
+    Api(ApiError),
+    /// [`WriteError::LeftOut`]: worth building again whole.
+    LeftOut(String),
+}
+
+impl From<ApiError> for Refused {
+    fn from(e: ApiError) -> Self {
+        Refused::Api(e)
     }
 }
 

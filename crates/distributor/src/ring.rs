@@ -31,6 +31,7 @@ use prometheus_client::registry::Registry;
 use rendezvous_hash::{KeyValueNode, NodeHasher, RendezvousNodes};
 use tracing::Instrument;
 
+use crate::acked::{Acked, ReplicaStacks};
 use crate::{IngesterWriter, WriteError};
 
 /// The key a series is placed by: tenant and labels (not the profile type,
@@ -95,14 +96,19 @@ pub enum ReplicaError {
     /// Unreachable, failing or full: retryable.
     #[error("{0}")]
     Failed(String),
+    /// The record left out stacks the ingester's head no longer holds
+    /// (`FAILED_PRECONDITION`): sent whole, it would be taken.
+    #[error("{0}")]
+    NotHeld(String),
 }
 
 /// Sends one write to one ingester: `record` is the encoded
 /// `WriteRequest` ([`fathom_proto::encode_write_request`]), encoded once
 /// and sent as is to every replica, which stores it as is in its WAL.
+/// Answers the number of the head that took it (`WriteResponse.head`).
 #[async_trait::async_trait]
 pub trait ReplicaClient: Send + Sync + 'static {
-    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError>;
+    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<u64, ReplicaError>;
 }
 
 /// [`ReplicaClient`] over gRPC, one lazily connected channel per address,
@@ -117,7 +123,7 @@ impl GrpcReplicas {
 
 #[async_trait::async_trait]
 impl ReplicaClient for GrpcReplicas {
-    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError> {
+    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<u64, ReplicaError> {
         let ch = self
             .0
             .get(&to.addr)
@@ -128,11 +134,13 @@ impl ReplicaClient for GrpcReplicas {
             .max_encoding_message_size(64 << 20)
             .write_record(req)
             .await
-            .map(|_| ())
+            .map(|r| r.into_inner().head)
             .map_err(|s| {
                 if s.code() == tonic::Code::ResourceExhausted {
                     // The message names the tenant, its limit and its count.
                     ReplicaError::Limit(s.message().to_owned())
+                } else if s.code() == tonic::Code::FailedPrecondition {
+                    ReplicaError::NotHeld(format!("{}: {}", to.id, s.message()))
                 } else {
                     ReplicaError::Failed(format!("{} ({}): {}", to.id, to.addr, s.message()))
                 }
@@ -168,6 +176,11 @@ pub struct ReplicatedWriter {
     metrics: RingMetrics,
     /// One [`MAX_WRITES_PER_REPLICA`] bound per ingester id.
     per_replica: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// The stacks each replica acknowledged under its current head.
+    acked: Arc<Acked>,
+    /// The live ingesters the last write was placed on: where the next
+    /// one's stacks are looked up ([`IngesterWriter::held_stacks`]).
+    last_live: parking_lot::Mutex<Arc<Vec<IngesterAddr>>>,
 }
 
 impl ReplicatedWriter {
@@ -195,6 +208,8 @@ impl ReplicatedWriter {
             replication_factor: replication_factor.max(1),
             metrics,
             per_replica: parking_lot::Mutex::new(HashMap::new()),
+            acked: Arc::new(Acked::default()),
+            last_live: parking_lot::Mutex::new(Arc::new(Vec::new())),
         }
     }
 
@@ -252,6 +267,19 @@ fn groups(batch: IngestBatch) -> Vec<(RingKey, IngestBatch)> {
 
 #[async_trait::async_trait]
 impl IngesterWriter for ReplicatedWriter {
+    fn held_stacks(&self, tenant: &TenantId) -> Option<Arc<dyn fathom_model::HeldStacks>> {
+        let live = self.last_live.lock().clone();
+        if live.is_empty() {
+            return None;
+        }
+        Some(Arc::new(ReplicaStacks {
+            acked: self.acked.clone(),
+            live,
+            tenant: tenant.clone(),
+            replication_factor: self.replication_factor,
+        }))
+    }
+
     async fn write(&self, batch: IngestBatch) -> Result<(), WriteError> {
         let live = self
             .ingesters
@@ -260,6 +288,12 @@ impl IngesterWriter for ReplicatedWriter {
             .map_err(|e| WriteError::Unavailable(format!("reading the ingester ring: {e}")))?;
         let rf = self.replication_factor;
         let need = quorum(rf);
+        {
+            let mut last = self.last_live.lock();
+            if **last != live {
+                *last = Arc::new(live.clone());
+            }
+        }
         if live.len() < need {
             self.metrics.quorum_failures.inc();
             return Err(WriteError::Unavailable(format!(
@@ -272,6 +306,12 @@ impl IngesterWriter for ReplicatedWriter {
             let record = bytes::Bytes::from(fathom_proto::encode_write_request(&group));
             let group_tenant = group.tenant.clone();
             let group_profiles = group.profiles.len() as i64;
+            // What each replica that takes the record holds from then on.
+            let stacks: Vec<Id> = group
+                .profiles
+                .iter()
+                .flat_map(|p| p.samples.iter().map(|s| s.stack))
+                .collect();
             async move {
                 let sends = targets.iter().map(|t| {
                     let record = record.clone();
@@ -294,9 +334,11 @@ impl IngesterWriter for ReplicatedWriter {
                 let mut ok = 0;
                 let mut errors = Vec::new();
                 let mut limit = None;
+                let mut not_held = None;
                 for (t, r) in results {
                     match r {
-                        Ok(()) => {
+                        Ok(head) => {
+                            self.acked.acknowledged(&t.id, &group_tenant, head, &stacks);
                             ok += 1;
                             self.metrics
                                 .replica_writes
@@ -312,13 +354,22 @@ impl IngesterWriter for ReplicatedWriter {
                             match e {
                                 ReplicaError::Limit(m) => limit = Some(m),
                                 ReplicaError::Failed(m) => errors.push(m),
+                                ReplicaError::NotHeld(m) => {
+                                    self.acked.forget(&t.id, &group_tenant);
+                                    not_held = Some(m);
+                                }
                             }
                         }
                     }
                 }
                 // With fewer live ingesters than the factor, every one of
                 // them must take the write (and at least a quorum).
-                if ok >= need {
+                if let Some(m) = not_held {
+                    // Built again whole, for every replica (those that
+                    // took this one skip its profiles): a write is not
+                    // left on fewer replicas than it could be.
+                    Err(WriteError::LeftOut(m))
+                } else if ok >= need {
                     Ok(())
                 } else if let Some(m) = limit {
                     // A replica refused by the tenant's limit: retrying
@@ -339,12 +390,19 @@ impl IngesterWriter for ReplicatedWriter {
         });
         let results = futures::future::join_all(writes).await;
         let mut errors = Vec::new();
+        let mut left_out = None;
         for r in results {
             match r {
                 Ok(()) => {}
                 Err(e @ WriteError::Limit { .. }) => return Err(e),
+                Err(e @ WriteError::LeftOut(_)) => left_out = Some(e),
                 Err(e) => errors.push(e.to_string()),
             }
+        }
+        if let Some(e) = left_out
+            && errors.is_empty()
+        {
+            return Err(e);
         }
         if errors.is_empty() {
             Ok(())
@@ -442,14 +500,18 @@ mod tests {
 
     #[async_trait::async_trait]
     impl ReplicaClient for Fake {
-        async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError> {
+        async fn write(
+            &self,
+            to: &IngesterAddr,
+            record: bytes::Bytes,
+        ) -> Result<u64, ReplicaError> {
             if self.down.contains(&to.id) {
                 return Err(ReplicaError::Failed(format!("{} is down", to.id)));
             }
             let batch = fathom_proto::decode_write_request(&record).expect("a valid record");
             self.got.lock().push((to.id.clone(), batch.profiles.len()));
             self.records.lock().push(record);
-            Ok(())
+            Ok(1)
         }
     }
 
@@ -499,7 +561,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl ReplicaClient for Counting {
-        async fn write(&self, to: &IngesterAddr, _: bytes::Bytes) -> Result<(), ReplicaError> {
+        async fn write(&self, to: &IngesterAddr, _: bytes::Bytes) -> Result<u64, ReplicaError> {
             {
                 let mut now = self.now.lock();
                 let n = now.entry(to.id.clone()).or_default();
@@ -511,7 +573,7 @@ mod tests {
             // Long enough for every other write of the burst to arrive.
             tokio::time::sleep(Duration::from_millis(2)).await;
             *self.now.lock().get_mut(&to.id).unwrap() -= 1;
-            Ok(())
+            Ok(1)
         }
     }
 

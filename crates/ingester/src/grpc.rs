@@ -37,7 +37,15 @@ impl IngesterService for WriteServer {
             samples = batch.sample_count() as i64,
             rows = tracing::field::Empty,
         );
-        answer(self.0.write(batch).instrument(span.clone()).await, &span)
+        // No head number: this path's senders never leave stacks out.
+        answer(
+            self.0
+                .write(batch)
+                .instrument(span.clone())
+                .await
+                .map(|rows| (rows, 0)),
+            &span,
+        )
     }
 
     async fn write_record(
@@ -54,7 +62,10 @@ impl IngesterService for WriteServer {
             rows = tracing::field::Empty,
         );
         answer(
-            self.0.write_record(record).instrument(span.clone()).await,
+            self.0
+                .write_record_to_head(record)
+                .instrument(span.clone())
+                .await,
             &span,
         )
     }
@@ -62,13 +73,17 @@ impl IngesterService for WriteServer {
 
 /// The gRPC answer to a write's outcome.
 fn answer(
-    r: Result<usize, Error>,
+    r: Result<(usize, u64), Error>,
     span: &tracing::Span,
 ) -> Result<Response<WriteResponse>, Status> {
     match r {
-        Ok(rows) => {
+        Ok((rows, head)) => {
             span.record("rows", rows as i64);
-            Ok(Response::new(WriteResponse {}))
+            Ok(Response::new(WriteResponse { head }))
+        }
+        // The sender's to resolve by sending the write whole.
+        Err(e @ (Error::NotHeld | Error::LeftOut { .. })) => {
+            Err(Status::failed_precondition(e.to_string()))
         }
         Err(e) => Err(fathom_api::ApiError::from(e).into()),
     }

@@ -130,6 +130,14 @@ pub enum Error {
          it left out are gone); retry"
     )]
     LeftOut { stacks: usize },
+    /// A replicated record (format 5) names stacks or locations that it
+    /// leaves out and this ingester's head does not hold: the head was cut
+    /// or the ingester restarted since the distributor learned what it
+    /// held. Nothing is written; the distributor sends the write whole.
+    #[error(
+        "the record leaves out stacks this ingester's head does not hold (cut or restarted since          the sender learned what it held); send it whole"
+    )]
+    NotHeld,
 }
 
 /// A tenant's `max_series` (none: unlimited), asked on every write so that
@@ -190,6 +198,7 @@ struct Metrics {
     series_limit: Counter,
     replayed: Counter,
     left_out_restored: Counter,
+    not_held: Counter,
 }
 
 /// The ingester; see the crate documentation.
@@ -206,6 +215,8 @@ pub struct Ingester {
     /// How many cuts have replaced the heads: what a batch built against
     /// a head's stacks ([`Ingester::held_stacks`]) is checked with.
     generation: AtomicU64,
+    /// Where this run's head numbers start ([`Ingester::head`]).
+    epoch: u64,
     m: Metrics,
 }
 
@@ -231,7 +242,7 @@ impl HeldStacks for HeadStacks {
         self.generation
     }
 
-    fn holds(&self, ids: &[Id]) -> Vec<bool> {
+    fn holds(&self, _series: &fathom_model::Labels, ids: &[Id]) -> Vec<bool> {
         let st = self.ingester.state.read();
         match st.active.get(&self.tenant) {
             Some(h) => ids
@@ -316,6 +327,11 @@ impl Ingester {
             "Writes built against a head that a cut replaced before they reached the WAL, whose left-out stacks were put back",
             m.left_out_restored.clone(),
         );
+        r.register(
+            "records_not_held",
+            "Replicated records refused because they leave out stacks the head no longer holds (a cut or restart since the distributor learned them; it resends them whole)",
+            m.not_held.clone(),
+        );
 
         let mut state = State::default();
         let mut bad = 0usize;
@@ -365,6 +381,11 @@ impl Ingester {
             last_flush: parking_lot::Mutex::new(Instant::now()),
             series_limit: RwLock::new(None),
             generation: AtomicU64::new(0),
+            // The clock's nanoseconds: a restarted ingester's heads count
+            // on from past every number the last run gave out.
+            epoch: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 2)),
             m,
         }))
     }
@@ -508,20 +529,51 @@ impl Ingester {
     /// under the gate, so no cut can take that head away before the batch
     /// is applied to it.
     pub async fn write_record(&self, record: bytes::Bytes) -> Result<usize, Error> {
+        self.write_record_to_head(record)
+            .await
+            .map(|(rows, _)| rows)
+    }
+
+    /// The number of the active heads: it grows with every cut, and
+    /// across restarts (it starts from the clock). A distributor that
+    /// sends records leaving out stacks (format 5) keeps, per ingester,
+    /// the stacks acknowledged under the current number.
+    pub fn head(&self) -> u64 {
+        self.epoch
+            .wrapping_add(self.generation.load(Ordering::Acquire))
+    }
+
+    /// [`Ingester::write_record`], with the number of the head
+    /// ([`Ingester::head`]) that took the record. A record of format 5
+    /// that names what it leaves out and the head does not hold is
+    /// refused whole ([`Error::NotHeld`]).
+    pub async fn write_record_to_head(&self, record: bytes::Bytes) -> Result<(usize, u64), Error> {
         let _g = self.gate.read().await;
+        // Under the gate: no cut comes before the batch is in the head.
+        let head = self.head();
         let batch = {
             let st = self.state.read();
             fathom_proto::decode_write_request_skipping(&record, |tenant| {
                 st.active.get(tenant).map(|h| &h.symbols)
             })
-            .map_err(Error::Record)?
+        };
+        let batch = match batch {
+            Ok(b) => b,
+            Err(_)
+                if fathom_proto::write_format(&record) == Some(fathom_proto::WRITE_FORMAT_HELD) =>
+            {
+                self.m.not_held.inc();
+                return Err(Error::NotHeld);
+            }
+            Err(e) => return Err(Error::Record(e)),
         };
         // The gRPC layer's `ingester_write` span, once the record is read.
         let span = tracing::Span::current();
         span.record("tenant", tracing::field::display(&batch.tenant));
         span.record("profiles", batch.profiles.len() as i64);
         span.record("samples", batch.sample_count() as i64);
-        self.write_batch(batch, Some(record)).await
+        let rows = self.write_batch(batch, Some(record)).await?;
+        Ok((rows, head))
     }
 
     /// Appends `batch`'s WAL record, then applies `batch` to its tenant's
@@ -905,7 +957,11 @@ mod tests {
     fn built_against(held: &dyn HeldStacks, seed: u64, n: u64, value: i64) -> IngestBatch {
         let mut b = batch("t1", seed, value);
         let stack = b.profiles[0].samples[0].stack;
-        assert_eq!(held.holds(&[stack]), [true], "the head holds the stack");
+        assert_eq!(
+            held.holds(&Labels::new(), &[stack]),
+            [true],
+            "the head holds the stack"
+        );
         b.profiles[0].id = IdHasher::new("again").u64(seed).u64(n).finish();
         b.symbols = Symbols {
             relies_on: Some(held.generation()),
@@ -942,7 +998,10 @@ mod tests {
             assert!(ing.held_stacks(&t).is_none(), "no head yet");
             ing.write(batch("t1", 1, 5)).await.unwrap();
             let held = ing.held_stacks(&t).unwrap();
-            assert_eq!(held.holds(&[IdHasher::new("x").finish()]), [false]);
+            assert_eq!(
+                held.holds(&Labels::new(), &[IdHasher::new("x").finish()]),
+                [false]
+            );
             assert_eq!(ing.write(built_against(&*held, 1, 1, 7)).await.unwrap(), 1);
             assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 12);
         }

@@ -26,17 +26,20 @@ struct InProcess {
 
 #[async_trait::async_trait]
 impl ReplicaClient for InProcess {
-    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<(), ReplicaError> {
+    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<u64, ReplicaError> {
         let (_, ing) = self
             .ingesters
             .iter()
             .find(|(id, _)| *id == to.id)
             .expect("a known ingester");
         self.sent.lock().push((to.id.clone(), record.clone()));
-        ing.write_record(record)
+        ing.write_record_to_head(record)
             .await
-            .map(|_| ())
-            .map_err(|e| ReplicaError::Failed(e.to_string()))
+            .map(|(_, head)| head)
+            .map_err(|e| match e {
+                crate::Error::NotHeld => ReplicaError::NotHeld(e.to_string()),
+                e => ReplicaError::Failed(e.to_string()),
+            })
     }
 }
 
@@ -219,4 +222,141 @@ async fn records_of_known_symbols_keep_every_head_whole() {
     let read = ing.symbols(&t, &stacks);
     assert_eq!(read.stacks.len(), stacks.len());
     assert_eq!(read.locations.len(), batch.symbols.locations.len());
+}
+
+/// Three in-process ingesters behind a distributor's replicated writer, as
+/// a cluster's write path has them (records by value, no network).
+fn cluster(dirs: &[tempfile::TempDir]) -> (fathom_distributor::Distributor, Arc<InProcess>) {
+    let ids: Vec<String> = (0..dirs.len()).map(|i| format!("ingester-{i}")).collect();
+    let client = Arc::new(InProcess {
+        ingesters: ids
+            .iter()
+            .zip(dirs)
+            .map(|(id, d)| (id.clone(), open(d.path())))
+            .collect(),
+        sent: Mutex::new(Vec::new()),
+    });
+    let members = ids
+        .iter()
+        .map(|id| IngesterAddr {
+            id: id.clone(),
+            addr: format!("{id}:9095"),
+        })
+        .collect();
+    let mut registry = Registry::default();
+    let writer = ReplicatedWriter::new(
+        Arc::new(StaticIngesters(members)),
+        client.clone(),
+        3,
+        &mut registry,
+    );
+    let d = fathom_distributor::Distributor::new(
+        fathom_distributor::Limits::default(),
+        Arc::new(writer),
+        &mut registry,
+    );
+    (d, client)
+}
+
+/// A distributor leaves out of a write the stacks every replica
+/// acknowledged under its current head (record format 5, a fraction of
+/// the bytes); once one replica's head is cut, that replica refuses the
+/// next such record and the distributor writes it whole. Every head stays
+/// whole, every write is stored once, and replay gives the same heads.
+#[tokio::test]
+async fn acknowledged_stacks_are_left_out_until_a_head_is_cut() {
+    use fathom_distributor::{Format, Idempotence, IngestRequest, Payload};
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (d, client) = cluster(&dirs);
+    let body = bytes::Bytes::from(
+        std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/testdata/pprof/google+pprof/internal/driver/testdata/cppbench.cpu_no_samples_type"
+        ))
+        .expect("corpus file"),
+    );
+    let t = TenantId::new("t1").unwrap();
+    let push = |n: u128| {
+        let mut p = Payload::new(Format::Pprof, body.clone());
+        p.labels = Labels::from_pairs([("service_name", "svc")]).unwrap();
+        p.time_nanos = Some(1_700_000_000_000_000_000 + n as i64);
+        p.idempotence = Idempotence::Key(fathom_model::Id::from_u128(n + 1));
+        d.ingest(IngestRequest {
+            tenant: t.clone(),
+            received_bytes: body.len(),
+            payloads: vec![p],
+        })
+    };
+    let sent = |from: usize| -> Vec<(String, bytes::Bytes)> { client.sent.lock()[from..].to_vec() };
+    let formats = |records: &[(String, bytes::Bytes)]| -> Vec<u32> {
+        records
+            .iter()
+            .map(|(_, r)| fathom_proto::write_format(r).unwrap())
+            .collect()
+    };
+
+    push(0).await.unwrap();
+    let first = sent(0);
+    assert_eq!(formats(&first), vec![fathom_proto::WRITE_FORMAT; 3]);
+    let whole = first[0].1.len();
+    let samples = fathom_proto::decode_write_request(&first[0].1)
+        .unwrap()
+        .sample_count();
+
+    // The same stacks again: left out for every replica.
+    push(1).await.unwrap();
+    let second = sent(3);
+    assert_eq!(formats(&second), vec![fathom_proto::WRITE_FORMAT_HELD; 3]);
+    assert!(
+        second[0].1.len() * 4 < whole,
+        "{} bytes against {whole} whole",
+        second[0].1.len()
+    );
+    let symbols = |ing: &Ingester| ing.state.read().active["t1"].symbols.clone();
+    let full = symbols(&client.ingesters[0].1);
+    for (_, ing) in &client.ingesters {
+        assert_eq!(symbols(ing), full, "every head holds every stack");
+        assert_eq!(ing.snapshot(&t, 0, i64::MAX).profiles.len(), 2);
+    }
+
+    // One replica cut: it refuses the next record that leaves stacks out,
+    // and the distributor writes it whole to every replica.
+    client.ingesters[1].1.flush(None).await.unwrap();
+    push(2).await.unwrap();
+    let third = sent(6);
+    assert_eq!(third.len(), 6, "three left-out records, then three whole");
+    let whole_again: Vec<&(String, bytes::Bytes)> = third
+        .iter()
+        .filter(|(_, r)| fathom_proto::write_format(r) == Some(fathom_proto::WRITE_FORMAT))
+        .collect();
+    assert_eq!(whole_again.len(), 3, "{:?}", formats(&third));
+    assert_eq!(
+        symbols(&client.ingesters[1].1),
+        full,
+        "the cut head whole again"
+    );
+    for (i, (_, ing)) in client.ingesters.iter().enumerate() {
+        let snap = ing.snapshot(&t, 0, i64::MAX);
+        let want = if i == 1 { 1 } else { 3 };
+        assert_eq!(snap.profiles.len(), want, "ingester-{i}: each write once");
+        assert_eq!(
+            snap.samples.iter().map(|b| b.num_rows()).sum::<usize>(),
+            want * samples,
+            "ingester-{i}"
+        );
+    }
+    // The next write leaves out stacks again (the cut head has them back).
+    push(3).await.unwrap();
+    assert_eq!(formats(&sent(12)), vec![fathom_proto::WRITE_FORMAT_HELD; 3]);
+
+    // Replay of the WALs (format-5 records among them) gives the same heads.
+    for ((_, ing), dir) in client.ingesters.iter().zip(&dirs) {
+        let mut before = ing.snapshot(&t, 0, i64::MAX);
+        let again = open(dir.path());
+        let mut after = again.snapshot(&t, 0, i64::MAX);
+        before.profiles.sort_by_key(|p| p.profile_id);
+        after.profiles.sort_by_key(|p| p.profile_id);
+        assert_eq!(after.profiles, before.profiles);
+        assert_eq!(symbols(&again), symbols(ing));
+    }
 }

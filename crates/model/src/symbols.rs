@@ -170,24 +170,27 @@ pub struct Symbols {
 }
 
 /// The stacks a head already holds, asked by whoever builds a batch for it
-/// (the pprof normalizer of a single process's write path), so that a
-/// stack the head holds is neither copied into the batch's table nor
-/// written to the WAL again.
+/// (the pprof normalizer), so that a stack the head holds is neither
+/// copied into the batch's table nor written to the WAL again: a single
+/// process's own ingester, or, in a cluster, the stacks every replica of a
+/// series has acknowledged (the distributor's record of them).
 ///
 /// Answers hold for one generation of the head: a cut replaces the head
 /// with an empty one and starts the next generation. A batch built with
 /// these answers records [`HeldStacks::generation`] in
 /// [`Symbols::relies_on`], read before the first answer, and the head's
 /// writer takes it only while the generation is unchanged (or fills the
-/// stacks in again).
+/// stacks in again). A replica whose head no longer holds what a record
+/// left out refuses it, and the distributor builds the write again whole.
 pub trait HeldStacks: Send + Sync + std::fmt::Debug {
     /// The head generation the answers are for.
     fn generation(&self) -> u64;
-    /// Whether the head holds each stack of `ids` (with its locations,
-    /// functions and mappings), in order: asked once per profile, so that
-    /// an implementation takes its lock once and the lookups' cache
-    /// misses overlap.
-    fn holds(&self, ids: &[Id]) -> Vec<bool>;
+    /// Whether the head (every head that `series`'s profiles go to) holds
+    /// each stack of `ids` (with its locations, functions and mappings),
+    /// in order: asked once per series of a profile, so that an
+    /// implementation takes its lock once and the lookups' cache misses
+    /// overlap.
+    fn holds(&self, series: &crate::Labels, ids: &[Id]) -> Vec<bool>;
 }
 
 impl PartialEq for Symbols {

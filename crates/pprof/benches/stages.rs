@@ -80,7 +80,7 @@ impl fathom_model::HeldStacks for CorpusHead {
     fn generation(&self) -> u64 {
         0
     }
-    fn holds(&self, ids: &[fathom_model::Id]) -> Vec<bool> {
+    fn holds(&self, _series: &fathom_model::Labels, ids: &[fathom_model::Id]) -> Vec<bool> {
         ids.iter()
             .map(|id| self.0.stacks.contains_key(id))
             .collect()

@@ -406,7 +406,7 @@ mod tests {
         fn generation(&self) -> u64 {
             7
         }
-        fn holds(&self, ids: &[fathom_model::Id]) -> Vec<bool> {
+        fn holds(&self, _series: &fathom_model::Labels, ids: &[fathom_model::Id]) -> Vec<bool> {
             self.asked
                 .fetch_add(ids.len(), std::sync::atomic::Ordering::Relaxed);
             ids.iter().map(|id| self.ids.contains(id)).collect()

@@ -552,15 +552,32 @@ impl<'a> Normalizer<'a> {
     }
 
     /// Asks the head (if any) which of the profile's stacks it holds, all
-    /// at once (one loop of lookups, whose cache misses overlap), and
-    /// builds the others into the table; the frame index keeps those
-    /// only. Whether any was left out.
-    fn stacks(&mut self) -> bool {
+    /// at once per series (one loop of lookups, whose cache misses
+    /// overlap), and builds the others into the table; the frame index
+    /// keeps those only. Whether any was left out.
+    fn stacks(&mut self, series: &[Series]) -> bool {
         let fi = &mut self.frame_index;
         let held = match self.opts.held.as_deref() {
             Some(h) => {
                 let ids: Vec<Id> = fi.stacks.iter().map(|s| s.0).collect();
-                h.holds(&ids)
+                match series {
+                    [one] => h.holds(&one.labels, &ids),
+                    _ => {
+                        // Series may go to other heads: a stack is left
+                        // out only when the heads of every series that
+                        // names it hold it.
+                        let mut not_held = fathom_model::IdSet::default();
+                        for s in series {
+                            let answers = h.holds(&s.labels, &s.stacks);
+                            for (id, held) in s.stacks.iter().zip(answers) {
+                                if !held {
+                                    not_held.insert(*id);
+                                }
+                            }
+                        }
+                        ids.iter().map(|id| !not_held.contains(id)).collect()
+                    }
+                }
             }
             None => Vec::new(),
         };
@@ -932,7 +949,7 @@ impl<'a> Normalizer<'a> {
                 });
             }
         }
-        let left_out = self.stacks();
+        let left_out = self.stacks(&series);
         self.tables();
         let mut symbols = self.symbols;
         if left_out {

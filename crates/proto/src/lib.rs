@@ -253,6 +253,13 @@ pub fn decode_write_request_skipping<'k>(
     decode_write_request_prost(record)
 }
 
+/// The format version of the encoded `WriteRequest` `record` (0 when
+/// absent; see [`WRITE_FORMAT`]), `None` if its fields cannot be read:
+/// for wording why a record was refused.
+pub fn write_format(record: &[u8]) -> Option<u32> {
+    record::format_of(record)
+}
+
 /// [`decode_write_request`] through the prost message only: the reference
 /// the direct decoder is tested and benchmarked against.
 pub fn decode_write_request_prost(record: &[u8]) -> Result<model::IngestBatch, ConvertError> {

@@ -185,6 +185,20 @@ pub(crate) fn decode_direct(record: &[u8]) -> Option<model::IngestBatch> {
     decode_skipping(record, |_| None)
 }
 
+/// The format version of an encoded `WriteRequest` (0 when absent), if
+/// its top-level fields can be read.
+pub(crate) fn format_of(record: &[u8]) -> Option<u32> {
+    let mut format = 0;
+    each(record, |f| {
+        if f.number == 7 {
+            // uint32: prost keeps the low 32 bits.
+            format = f.value.varint()? as u32;
+        }
+        Some(())
+    })?;
+    Some(format)
+}
+
 /// [`decode_direct`], leaving out of the batch's symbols what
 /// `known(tenant)` already holds: the record is read and checked all the
 /// same (it is accepted or refused exactly as [`decode_direct`] does), and

@@ -40,6 +40,8 @@ pub(crate) struct Metrics {
     pub(crate) cancelled: Counter,
     pub(crate) timed_out: Counter,
     pub(crate) over_memory: Counter,
+    /// Queries whose stacks left the heads between plan and lookup.
+    pub(crate) late_symbols: Counter,
 }
 
 impl Metrics {
@@ -59,6 +61,7 @@ impl Metrics {
             cancelled: Counter::default(),
             timed_out: Counter::default(),
             over_memory: Counter::default(),
+            late_symbols: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("fathom_querier");
         r.register("queries", "Queries executed", m.queries.clone());
@@ -76,6 +79,11 @@ impl Metrics {
             "block_cache_misses",
             "Block metadata and symbol cache misses",
             m.cache_misses.clone(),
+        );
+        r.register(
+            "late_symbol_lookups",
+            "Queries whose stacks a head cut took into a block between planning and symbol lookup (found there by listing the index again)",
+            m.late_symbols.clone(),
         );
         r.register("result_rows", "Rows produced by DataFusion", m.rows.clone());
         r.register(
@@ -240,6 +248,10 @@ pub(crate) struct Plan {
     sources: Vec<Source>,
     pub(crate) profiles: usize,
     period: i64,
+    /// The range planned, for the blocks a head was cut into since
+    /// ([`Querier::resolve_late`]).
+    start: i64,
+    end: i64,
 }
 
 fn id_lit(id: &Id) -> Expr {
@@ -331,6 +343,8 @@ impl Querier {
             sources: Vec::new(),
             profiles: 0,
             period: 0,
+            start,
+            end,
         };
         // Copies of a profile sit in sources whose time spans overlap (the
         // profile id covers its time): a source that overlaps no other one
@@ -842,8 +856,53 @@ impl Querier {
                 out.merge(&syms.subset(missing));
             }
         }
+        if out.stacks.len() < stacks.len() {
+            let missing: Vec<Id> = stacks
+                .iter()
+                .filter(|s| !out.stacks.contains_key(s))
+                .copied()
+                .collect();
+            self.resolve_late(tenant, plan, &missing, &mut out).await?;
+        }
         self.symbolize(tenant, &mut out).await;
         Ok(out)
+    }
+
+    /// Finds the stacks `missing` from the heads and the planned blocks in
+    /// the blocks the index lists now: a head cut and stored between the
+    /// plan and the symbol lookup has taken its symbols into a block that
+    /// the plan either does not name or left out (its profiles were read
+    /// from the head). A stack found nowhere stays missing.
+    async fn resolve_late(
+        &self,
+        tenant: &TenantId,
+        plan: &Plan,
+        missing: &[Id],
+        out: &mut Symbols,
+    ) -> Result<(), QueryError> {
+        let blocks = self
+            .inner
+            .index
+            .blocks(tenant.as_str(), plan.start, plan.end)
+            .await?;
+        let mut left: Vec<&Id> = missing.iter().collect();
+        for b in &blocks {
+            if left.is_empty() {
+                break;
+            }
+            let syms = self.block_symbols(b).await?;
+            let found = syms.subset(left.iter().copied());
+            left.retain(|id| !found.stacks.contains_key(*id));
+            out.merge(&found);
+        }
+        self.inner.metrics.late_symbols.inc();
+        tracing::debug!(
+            %tenant,
+            stacks = missing.len(),
+            unresolved = left.len(),
+            "stacks left the heads after the plan; looked up in the blocks listed now"
+        );
+        Ok(())
     }
 
     /// Every symbol the plan's sources hold: the heads' stacks in range and
@@ -875,6 +934,13 @@ impl Querier {
         if !head_stacks.is_empty() {
             let ids: Vec<Id> = head_stacks.into_iter().collect();
             out.merge(&self.inner.head.symbols(tenant, &ids).await?);
+            let missing: Vec<Id> = ids
+                .into_iter()
+                .filter(|id| !out.stacks.contains_key(id))
+                .collect();
+            if !missing.is_empty() {
+                self.resolve_late(tenant, plan, &missing, &mut out).await?;
+            }
         }
         self.symbolize(tenant, &mut out).await;
         Ok(out)
@@ -1036,6 +1102,9 @@ impl Querier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::HeadSource;
+    use fathom_block::BlockIndex;
+    use object_store::ObjectStore;
 
     #[test]
     fn id_literal_carries_the_16_id_bytes() {
@@ -1043,6 +1112,123 @@ mod tests {
         match id_lit(&id) {
             Expr::Literal(ScalarValue::FixedSizeBinary(16, Some(b)), _) => assert_eq!(b, id.0),
             other => panic!("not a 16-byte literal: {other:?}"),
+        }
+    }
+
+    /// The in-process ingester, cut and stored into a block at a chosen
+    /// point of a query: right after the head snapshot (so the plan finds
+    /// the block too, and reads the profiles from the head), or just
+    /// before the symbols are looked up (the plan names no block).
+    struct CutDuring {
+        ingester: Arc<fathom_ingester::Ingester>,
+        after_snapshot: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl HeadSource for CutDuring {
+        async fn snapshot(
+            &self,
+            tenant: &TenantId,
+            start: i64,
+            end: i64,
+        ) -> Result<Vec<HeadSnapshot>, QueryError> {
+            let s = self.ingester.snapshot(tenant, start, end);
+            if self.after_snapshot {
+                self.ingester.flush(None).await.unwrap();
+            }
+            Ok(vec![s])
+        }
+
+        async fn symbols(&self, tenant: &TenantId, stacks: &[Id]) -> Result<Symbols, QueryError> {
+            if !self.after_snapshot {
+                self.ingester.flush(None).await.unwrap();
+            }
+            Ok(self.ingester.symbols(tenant, stacks))
+        }
+    }
+
+    /// A head cut into a block while a query runs takes its symbols with
+    /// it: the query still names every stack (from the block), where it
+    /// used to find none and show one nameless stack.
+    #[tokio::test]
+    async fn a_head_cut_during_a_query_leaves_every_stack_named() {
+        let pprof = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/testdata/pprof/google+pprof/internal/driver/testdata/cppbench.cpu_no_samples_type"
+        ))
+        .expect("the corpus (shared/testdata)");
+        let p = fathom_pprof::decode(&pprof, &fathom_pprof::Limits::default()).unwrap();
+        let n = fathom_pprof::normalize(&p, &Default::default()).unwrap();
+        let want: HashSet<Id> = n
+            .profiles
+            .iter()
+            .flat_map(|p| p.samples.iter().map(|s| s.stack))
+            .collect();
+        assert!(want.len() > 10, "the profile has many stacks");
+        let pt = n.profiles[0].profile_type.clone();
+        let t = n.profiles[0].time_nanos;
+        let tenant = TenantId::new("t").unwrap();
+        for after_snapshot in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+            let index = Arc::new(fathom_block::MemoryIndex::default());
+            let mut registry = Registry::default();
+            let ingester = fathom_ingester::Ingester::open(
+                fathom_ingester::Config {
+                    data_dir: dir.path().to_owned(),
+                    name: "ingester".into(),
+                    flush_interval: std::time::Duration::from_secs(3600),
+                    max_head_bytes: 1 << 30,
+                    max_head_memory: 1 << 30,
+                },
+                store.clone(),
+                index.clone(),
+                &mut registry,
+            )
+            .unwrap();
+            ingester
+                .write(fathom_model::IngestBatch {
+                    tenant: tenant.clone(),
+                    profiles: n.profiles.clone(),
+                    symbols: n.symbols.clone(),
+                })
+                .await
+                .unwrap();
+            let q = Querier::new(
+                crate::Config::default(),
+                Arc::new(CutDuring {
+                    ingester: ingester.clone(),
+                    after_snapshot,
+                }),
+                index.clone(),
+                store,
+                crate::executor::Executor::new(1).unwrap(),
+                &mut registry,
+            )
+            .unwrap();
+            let sel = Selector {
+                profile_type: Some(pt.clone()),
+                matchers: Vec::new(),
+            };
+            let m = q.merge(&tenant, &sel, t - 1_000, t + 1_000).await.unwrap();
+            let got: HashSet<Id> = m.samples.iter().map(|s| s.0).collect();
+            assert_eq!(got, want, "after_snapshot={after_snapshot}: the samples");
+            let named: HashSet<Id> = got
+                .iter()
+                .filter(|id| m.symbols.stacks.contains_key(*id))
+                .copied()
+                .collect();
+            assert_eq!(
+                named.len(),
+                want.len(),
+                "after_snapshot={after_snapshot}: stacks named"
+            );
+            assert_eq!(
+                index.blocks("t", i64::MIN, i64::MAX).await.unwrap().len(),
+                1,
+                "the head was cut into a block during the query"
+            );
+            assert_eq!(q.inner.metrics.late_symbols.get(), 1);
         }
     }
 }

@@ -178,6 +178,7 @@ impl IngesterWriter for LocalWriter {
                 limit: "max_series",
                 message: e.to_string(),
             },
+            e @ fathom_ingester::Error::LeftOut { .. } => WriteError::LeftOut(e.to_string()),
             e => WriteError::Unavailable(format!("ingester: {e}")),
         })
     }
