@@ -191,6 +191,15 @@ struct LimitArgs {
         default_value_t = 500_000
     )]
     max_samples_per_profile: usize,
+    /// Leave out of each pprof write the stacks its ingesters' heads
+    /// already hold (record format 5); `false` sends every stack.
+    #[arg(
+        long,
+        env = "FATHOM_LEAVE_OUT_HELD_STACKS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    leave_out_held_stacks: bool,
 }
 
 impl LimitArgs {
@@ -202,6 +211,7 @@ impl LimitArgs {
             max_label_name_len: self.max_label_name_length,
             max_label_value_len: self.max_label_value_length,
             max_samples: self.max_samples_per_profile,
+            leave_out_held_stacks: self.leave_out_held_stacks,
             ..Default::default()
         }
     }

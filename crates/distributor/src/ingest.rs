@@ -242,7 +242,11 @@ impl Distributor {
         if payloads.is_empty() {
             return Ok(Accepted::default());
         }
-        let held = self.writer.held_stacks(&tenant);
+        let held = if limits.leave_out_held_stacks {
+            self.writer.held_stacks(&tenant)
+        } else {
+            None
+        };
         // A batch that leaves out what the ingesters held may meet a head
         // cut since: then it is decoded again, whole (the payloads are
         // reference-counted bytes; the same time and profile ids, so the

@@ -69,6 +69,11 @@ pub struct Limits {
     /// Most profiles in one write (gRPC push profiles, push.v1 samples;
     /// also bounds push.v1 series).
     pub max_profiles_per_push: usize,
+    /// Whether a pprof write leaves out the stacks its ingesters' heads
+    /// hold ([`IngesterWriter::held_stacks`]); off, every write carries
+    /// all of its stacks (as before record format 5). Not a limit, but
+    /// read where the limits are.
+    pub leave_out_held_stacks: bool,
 }
 
 impl Default for Limits {
@@ -81,6 +86,7 @@ impl Default for Limits {
             max_label_value_len: 1024,
             max_samples: 500_000,
             max_profiles_per_push: 10_000,
+            leave_out_held_stacks: true,
         }
     }
 }
