@@ -276,11 +276,6 @@ impl Distributor {
 
     /// Checks every profile's labels and sample count, fills a missing
     /// time with `now`, and writes the batch.
-    #[tracing::instrument(
-        name = "distributor_accept",
-        skip_all,
-        fields(tenant = %batch.tenant, profiles = batch.profiles.len() as i64, samples = tracing::field::Empty)
-    )]
     pub async fn accept(
         &self,
         batch: IngestBatch,
@@ -296,6 +291,11 @@ impl Distributor {
 
     /// [`Distributor::accept`], telling a batch that left out stacks a
     /// replica no longer holds ([`WriteError::LeftOut`]) apart.
+    #[tracing::instrument(
+        name = "distributor_accept",
+        skip_all,
+        fields(tenant = %batch.tenant, profiles = batch.profiles.len() as i64, samples = tracing::field::Empty)
+    )]
     pub(crate) async fn accept_or_left_out(
         &self,
         mut batch: IngestBatch,

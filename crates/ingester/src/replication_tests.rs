@@ -98,14 +98,18 @@ fn corpus_batch() -> IngestBatch {
     batch
 }
 
-#[tokio::test]
-async fn the_wal_holds_the_bytes_the_distributor_sent() {
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let ids: Vec<String> = (0..3).map(|i| format!("ingester-{i}")).collect();
+/// In-process ingesters on `dirs` behind a distributor's replicated
+/// writer (RF=3), as a cluster's write path has them (records by value,
+/// no network).
+fn replicated(
+    dirs: &[tempfile::TempDir],
+    registry: &mut Registry,
+) -> (ReplicatedWriter, Arc<InProcess>, Vec<String>) {
+    let ids: Vec<String> = (0..dirs.len()).map(|i| format!("ingester-{i}")).collect();
     let client = Arc::new(InProcess {
         ingesters: ids
             .iter()
-            .zip(&dirs)
+            .zip(dirs)
             .map(|(id, d)| (id.clone(), open(d.path())))
             .collect(),
         sent: Mutex::new(Vec::new()),
@@ -121,8 +125,15 @@ async fn the_wal_holds_the_bytes_the_distributor_sent() {
         Arc::new(StaticIngesters(members)),
         client.clone(),
         3,
-        &mut Registry::default(),
+        registry,
     );
+    (writer, client, ids)
+}
+
+#[tokio::test]
+async fn the_wal_holds_the_bytes_the_distributor_sent() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (writer, client, ids) = replicated(&dirs, &mut Registry::default());
     let batch = corpus_batch();
     let series: std::collections::HashSet<_> =
         batch.profiles.iter().map(|p| p.labels.clone()).collect();
@@ -166,13 +177,19 @@ async fn the_wal_holds_the_bytes_the_distributor_sent() {
     assert_eq!(profiles, batch.profiles.len());
 
     // After a restart each ingester replays those records to the same head.
+    replays_to_the_same_heads(&client, &dirs);
+}
+
+/// Each ingester of `client`, opened again on its directory, replays its
+/// WAL to the head it has: the same profiles (groups were applied in the
+/// order their writes finished and are replayed in WAL order, so maybe in
+/// another order), sample rows and symbols.
+fn replays_to_the_same_heads(client: &InProcess, dirs: &[tempfile::TempDir]) {
     let t = TenantId::new("t1").unwrap();
-    for ((_, ing), dir) in client.ingesters.iter().zip(&dirs) {
+    for ((_, ing), dir) in client.ingesters.iter().zip(dirs) {
         let mut before = ing.snapshot(&t, 0, i64::MAX);
         let again = open(dir.path());
         let mut after = again.snapshot(&t, 0, i64::MAX);
-        // Groups were applied in the order their writes finished, and are
-        // replayed in WAL order: the same profiles, maybe in another order.
         before.profiles.sort_by_key(|p| p.profile_id);
         after.profiles.sort_by_key(|p| p.profile_id);
         assert_eq!(after.profiles, before.profiles);
@@ -180,6 +197,8 @@ async fn the_wal_holds_the_bytes_the_distributor_sent() {
             after.samples.iter().map(|b| b.num_rows()).sum::<usize>(),
             before.samples.iter().map(|b| b.num_rows()).sum::<usize>()
         );
+        let symbols = |ing: &Ingester| ing.state.read().active["t1"].symbols.clone();
+        assert_eq!(symbols(&again), symbols(ing));
     }
 }
 
@@ -224,32 +243,10 @@ async fn records_of_known_symbols_keep_every_head_whole() {
     assert_eq!(read.locations.len(), batch.symbols.locations.len());
 }
 
-/// Three in-process ingesters behind a distributor's replicated writer, as
-/// a cluster's write path has them (records by value, no network).
+/// [`replicated`] behind a distributor.
 fn cluster(dirs: &[tempfile::TempDir]) -> (fathom_distributor::Distributor, Arc<InProcess>) {
-    let ids: Vec<String> = (0..dirs.len()).map(|i| format!("ingester-{i}")).collect();
-    let client = Arc::new(InProcess {
-        ingesters: ids
-            .iter()
-            .zip(dirs)
-            .map(|(id, d)| (id.clone(), open(d.path())))
-            .collect(),
-        sent: Mutex::new(Vec::new()),
-    });
-    let members = ids
-        .iter()
-        .map(|id| IngesterAddr {
-            id: id.clone(),
-            addr: format!("{id}:9095"),
-        })
-        .collect();
     let mut registry = Registry::default();
-    let writer = ReplicatedWriter::new(
-        Arc::new(StaticIngesters(members)),
-        client.clone(),
-        3,
-        &mut registry,
-    );
+    let (writer, client, _) = replicated(dirs, &mut registry);
     let d = fathom_distributor::Distributor::new(
         fathom_distributor::Limits::default(),
         Arc::new(writer),
@@ -350,13 +347,5 @@ async fn acknowledged_stacks_are_left_out_until_a_head_is_cut() {
     assert_eq!(formats(&sent(12)), vec![fathom_proto::WRITE_FORMAT_HELD; 3]);
 
     // Replay of the WALs (format-5 records among them) gives the same heads.
-    for ((_, ing), dir) in client.ingesters.iter().zip(&dirs) {
-        let mut before = ing.snapshot(&t, 0, i64::MAX);
-        let again = open(dir.path());
-        let mut after = again.snapshot(&t, 0, i64::MAX);
-        before.profiles.sort_by_key(|p| p.profile_id);
-        after.profiles.sort_by_key(|p| p.profile_id);
-        assert_eq!(after.profiles, before.profiles);
-        assert_eq!(symbols(&again), symbols(ing));
-    }
+    replays_to_the_same_heads(&client, &dirs);
 }
