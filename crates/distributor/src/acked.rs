@@ -55,9 +55,19 @@ struct Entry {
 }
 
 impl Acked {
-    /// `ingester` took a write of `tenant` that names `stacks`, into the
-    /// head numbered `head`.
-    pub(crate) fn acknowledged(&self, ingester: &str, tenant: &TenantId, head: u64, stacks: &[Id]) {
+    /// `ingester` took a write of `tenant` into the head numbered `head`:
+    /// `sent`, the stacks its record carried, and `named`, every stack its
+    /// samples name (those it left out too). Under the head already
+    /// remembered only `sent` can be new; a later head starts over from
+    /// `named`. Only the iterator needed is read.
+    pub(crate) fn acknowledged<'a>(
+        &self,
+        ingester: &str,
+        tenant: &TenantId,
+        head: u64,
+        sent: impl IntoIterator<Item = &'a Id>,
+        named: impl IntoIterator<Item = &'a Id>,
+    ) {
         if head == 0 {
             // An ingester that predates head numbers.
             return;
@@ -68,21 +78,28 @@ impl Acked {
             // Answered before a cut that a later answer already showed.
             return;
         }
-        if g.ids.saturating_add(stacks.len()) > self.limit {
+        if g.ids >= self.limit {
             g.by.clear();
             g.ids = 0;
         }
+        let limit = self.limit;
         let Inner { by, ids } = &mut *g;
         let e = by.entry(key).or_insert_with(|| Entry {
-            head,
+            head: 0,
             stacks: IdSet::default(),
         });
-        if head > e.head {
+        let stacks: Box<dyn Iterator<Item = &Id>> = if head > e.head {
             *ids -= e.stacks.len();
             e.stacks.clear();
             e.head = head;
-        }
+            Box::new(named.into_iter())
+        } else {
+            Box::new(sent.into_iter())
+        };
         for id in stacks {
+            if *ids >= limit {
+                break;
+            }
             if e.stacks.insert(*id) {
                 *ids += 1;
             }
@@ -176,9 +193,9 @@ mod tests {
         let to = [addr(0), addr(1)];
         let all = ids(0..4);
         assert_eq!(a.holds(&t, &to, &all), vec![false; 4], "nothing known");
-        a.acknowledged("ingester-0", &t, 10, &all[..3]);
+        a.acknowledged("ingester-0", &t, 10, &all[..3], &all[..3]);
         assert_eq!(a.holds(&t, &to, &all), vec![false; 4], "one replica only");
-        a.acknowledged("ingester-1", &t, 20, &all[1..]);
+        a.acknowledged("ingester-1", &t, 20, &all[1..], &all[1..]);
         assert_eq!(a.holds(&t, &to, &all), vec![false, true, true, false]);
         assert_eq!(
             a.holds(&TenantId::new("u").unwrap(), &to, &all),
@@ -186,17 +203,21 @@ mod tests {
             "per tenant"
         );
         // An answer from before a cut that a later one showed: ignored.
-        a.acknowledged("ingester-0", &t, 9, &all[3..]);
+        a.acknowledged("ingester-0", &t, 9, &all[3..], &all[3..]);
         assert_eq!(a.holds(&t, &to, &all), vec![false, true, true, false]);
         // A cut: the new head holds only what it took since.
-        a.acknowledged("ingester-0", &t, 11, &all[2..3]);
+        a.acknowledged("ingester-0", &t, 11, &all[..1], &all[2..3]);
+        assert_eq!(a.holds(&t, &to, &all), vec![false, false, true, false]);
+        // Under the same head only what the record carried is new: the
+        // stacks it named but left out were already there.
+        a.acknowledged("ingester-0", &t, 11, &all[..0], &all[3..]);
         assert_eq!(a.holds(&t, &to, &all), vec![false, false, true, false]);
         assert_eq!(a.len(), 1 + 3);
         a.forget("ingester-1", &t);
         assert_eq!(a.holds(&t, &to, &all), vec![false; 4]);
         assert_eq!(a.len(), 1);
         // Head 0 (an ingester without head numbers) is never remembered.
-        a.acknowledged("ingester-1", &t, 0, &all);
+        a.acknowledged("ingester-1", &t, 0, &all, &all);
         assert_eq!(a.len(), 1);
     }
 
@@ -209,10 +230,10 @@ mod tests {
             ..Acked::default()
         };
         let many = ids(0..100);
-        a.acknowledged("ingester-0", &t, 1, &many);
+        a.acknowledged("ingester-0", &t, 1, &many, &many);
         assert_eq!(a.len(), 100);
         let more = ids(100..105);
-        a.acknowledged("ingester-1", &t, 1, &more);
+        a.acknowledged("ingester-1", &t, 1, &more, &more);
         assert_eq!(a.len(), 5, "started over");
         assert_eq!(a.holds(&t, &[addr(0)], &many[..1]), vec![false]);
         assert_eq!(a.holds(&t, &[addr(1)], &more[..1]), vec![true]);

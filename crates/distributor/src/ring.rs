@@ -306,12 +306,6 @@ impl IngesterWriter for ReplicatedWriter {
             let record = bytes::Bytes::from(fathom_proto::encode_write_request(&group));
             let group_tenant = group.tenant.clone();
             let group_profiles = group.profiles.len() as i64;
-            // What each replica that takes the record holds from then on.
-            let stacks: Vec<Id> = group
-                .profiles
-                .iter()
-                .flat_map(|p| p.samples.iter().map(|s| s.stack))
-                .collect();
             async move {
                 let sends = targets.iter().map(|t| {
                     let record = record.clone();
@@ -338,7 +332,17 @@ impl IngesterWriter for ReplicatedWriter {
                 for (t, r) in results {
                     match r {
                         Ok(head) => {
-                            self.acked.acknowledged(&t.id, &group_tenant, head, &stacks);
+                            // What the replica holds from then on.
+                            self.acked.acknowledged(
+                                &t.id,
+                                &group_tenant,
+                                head,
+                                group.symbols.stacks.keys(),
+                                group
+                                    .profiles
+                                    .iter()
+                                    .flat_map(|p| p.samples.iter().map(|s| &s.stack)),
+                            );
                             ok += 1;
                             self.metrics
                                 .replica_writes

@@ -135,7 +135,8 @@ pub enum Error {
     /// or the ingester restarted since the distributor learned what it
     /// held. Nothing is written; the distributor sends the write whole.
     #[error(
-        "the record leaves out stacks this ingester's head does not hold (cut or restarted since          the sender learned what it held); send it whole"
+        "the record leaves out stacks this ingester's head does not hold (cut or restarted since \
+         the sender learned what it held); send it whole"
     )]
     NotHeld,
 }
