@@ -774,16 +774,27 @@ fn python_frames_in_order(python: &str) {
     let mut cmd = std::process::Command::new(python);
     cmd.arg(&script).arg("3");
     let profiles = profile_child(cmd, 199);
+    // The interpreter's incarnation: exec names it after the file run. The
+    // forked copy of the test process may be sampled before its exec and
+    // discovered after it, with the script's service_name but the test
+    // thread's comm (one sample in a page fault, seen in CI).
+    let comm = std::path::Path::new(python)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(python);
     let inc = profiles
         .0
         .iter()
         .find(|i| {
             i.name == crate::collector::PROFILE_NAME
+                && i.comm == comm
                 && i.labels
                     .iter()
                     .any(|(k, v)| k == "service_name" && v == "hot.py")
         })
-        .unwrap_or_else(|| panic!("no profile with service_name hot.py: {profiles:#?}"));
+        .unwrap_or_else(|| {
+            panic!("no profile with comm {comm} and service_name hot.py: {profiles:#?}")
+        });
     let stacks = &inc.stacks;
     let (hot, total) = share(stacks, |s| s.contains(";py_hot"));
     assert!(total > 150, "{total} samples: {stacks:#?}");
