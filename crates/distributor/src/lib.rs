@@ -370,6 +370,5 @@ pub(crate) fn request_seed(tenant: &TenantId, parts: &[&str], labels: &Labels, b
     for (k, v) in labels.iter() {
         h.str(k).str(v);
     }
-    h.bytes(body);
-    h.finish()
+    h.finish_with_bytes(body)
 }
