@@ -31,7 +31,7 @@ use prometheus_client::registry::Registry;
 use rendezvous_hash::{KeyValueNode, NodeHasher, RendezvousNodes};
 use tracing::Instrument;
 
-use crate::acked::{Acked, ReplicaStacks};
+use crate::acked::Acked;
 use crate::{IngesterWriter, WriteError};
 
 /// The key a series is placed by: tenant and labels (not the profile type,
@@ -105,10 +105,18 @@ pub enum ReplicaError {
 /// Sends one write to one ingester: `record` is the encoded
 /// `WriteRequest` ([`fathom_proto::encode_write_request`]), encoded once
 /// and sent as is to every replica, which stores it as is in its WAL.
-/// Answers the number of the head that took it (`WriteResponse.head`).
+/// `held_under` (0: none) is the replica's head number under which the
+/// stacks the record leaves out were found acknowledged
+/// (`Record.held_under`). Answers the number of the head that took it
+/// (`WriteResponse.head`).
 #[async_trait::async_trait]
 pub trait ReplicaClient: Send + Sync + 'static {
-    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<u64, ReplicaError>;
+    async fn write(
+        &self,
+        to: &IngesterAddr,
+        record: bytes::Bytes,
+        held_under: u64,
+    ) -> Result<u64, ReplicaError>;
 }
 
 /// [`ReplicaClient`] over gRPC, one lazily connected channel per address,
@@ -123,12 +131,17 @@ impl GrpcReplicas {
 
 #[async_trait::async_trait]
 impl ReplicaClient for GrpcReplicas {
-    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<u64, ReplicaError> {
+    async fn write(
+        &self,
+        to: &IngesterAddr,
+        record: bytes::Bytes,
+        held_under: u64,
+    ) -> Result<u64, ReplicaError> {
         let ch = self
             .0
             .get(&to.addr)
             .map_err(|e| ReplicaError::Failed(format!("{}: {e}", to.id)))?;
-        let mut req = tonic::Request::new(Record { record });
+        let mut req = tonic::Request::new(Record { record, held_under });
         fathom_api::trace_context::inject(&mut req);
         IngesterServiceClient::new(ch)
             .max_encoding_message_size(64 << 20)
@@ -272,15 +285,16 @@ impl IngesterWriter for ReplicatedWriter {
         if live.is_empty() {
             return None;
         }
-        Some(Arc::new(ReplicaStacks {
-            acked: self.acked.clone(),
+        Some(Arc::new(self.acked.stacks_for(
+            tenant,
             live,
-            tenant: tenant.clone(),
-            replication_factor: self.replication_factor,
-        }))
+            self.replication_factor,
+        )))
     }
 
     async fn write(&self, batch: IngestBatch) -> Result<(), WriteError> {
+        // The token of the answers that left stacks out, if any.
+        let token = batch.symbols.relies_on;
         let live = self
             .ingesters
             .ingesters()
@@ -301,6 +315,12 @@ impl IngesterWriter for ReplicatedWriter {
                 live.len()
             )));
         }
+        // Per replica, the head number its left-out stacks were found
+        // under: while its head keeps it, it takes them without lookups.
+        let relied = token
+            .map(|t| self.acked.relied_on(t, &live))
+            .unwrap_or_default();
+        let relied = &relied;
         let writes = groups(batch).into_iter().map(|(key, group)| {
             let targets = replicas(&live, &key, rf);
             let record = bytes::Bytes::from(fathom_proto::encode_write_request(&group));
@@ -320,7 +340,8 @@ impl IngesterWriter for ReplicatedWriter {
                     async move {
                         // Never closed, so acquiring only waits.
                         let _slot = bound.acquire_owned().await;
-                        (t, self.client.write(t, record).await)
+                        let held_under = relied.get(&t.id).copied().unwrap_or(0);
+                        (t, self.client.write(t, record, held_under).await)
                     }
                     .instrument(span)
                 });
@@ -508,6 +529,7 @@ mod tests {
             &self,
             to: &IngesterAddr,
             record: bytes::Bytes,
+            _: u64,
         ) -> Result<u64, ReplicaError> {
             if self.down.contains(&to.id) {
                 return Err(ReplicaError::Failed(format!("{} is down", to.id)));
@@ -565,7 +587,12 @@ mod tests {
 
     #[async_trait::async_trait]
     impl ReplicaClient for Counting {
-        async fn write(&self, to: &IngesterAddr, _: bytes::Bytes) -> Result<u64, ReplicaError> {
+        async fn write(
+            &self,
+            to: &IngesterAddr,
+            _: bytes::Bytes,
+            _: u64,
+        ) -> Result<u64, ReplicaError> {
             {
                 let mut now = self.now.lock();
                 let n = now.entry(to.id.clone()).or_default();

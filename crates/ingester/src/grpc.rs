@@ -52,7 +52,7 @@ impl IngesterService for WriteServer {
         &self,
         request: Request<Record>,
     ) -> Result<Response<WriteResponse>, Status> {
-        let record = request.into_inner().record;
+        let Record { record, held_under } = request.into_inner();
         let span = tracing::info_span!(
             "ingester_write",
             bytes = record.len() as i64,
@@ -63,7 +63,7 @@ impl IngesterService for WriteServer {
         );
         answer(
             self.0
-                .write_record_to_head(record)
+                .write_record_to_head(record, held_under)
                 .instrument(span.clone())
                 .await,
             &span,

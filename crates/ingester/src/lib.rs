@@ -200,6 +200,7 @@ struct Metrics {
     replayed: Counter,
     left_out_restored: Counter,
     not_held: Counter,
+    held_by_head: Counter,
 }
 
 /// The ingester; see the crate documentation.
@@ -327,6 +328,11 @@ impl Ingester {
             "left_out_restored",
             "Writes built against a head that a cut replaced before they reached the WAL, whose left-out stacks were put back",
             m.left_out_restored.clone(),
+        );
+        r.register(
+            "records_held_by_head",
+            "Replicated records whose left-out stacks were taken as held because the head still has the number the distributor learned them under (no lookup per sample)",
+            m.held_by_head.clone(),
         );
         r.register(
             "records_not_held",
@@ -530,7 +536,7 @@ impl Ingester {
     /// under the gate, so no cut can take that head away before the batch
     /// is applied to it.
     pub async fn write_record(&self, record: bytes::Bytes) -> Result<usize, Error> {
-        self.write_record_to_head(record)
+        self.write_record_to_head(record, 0)
             .await
             .map(|(rows, _)| rows)
     }
@@ -548,16 +554,37 @@ impl Ingester {
     /// ([`Ingester::head`]) that took the record. A record of format 5
     /// that names what it leaves out and the head does not hold is
     /// refused whole ([`Error::NotHeld`]).
-    pub async fn write_record_to_head(&self, record: bytes::Bytes) -> Result<(usize, u64), Error> {
+    ///
+    /// `held_under` (`Record.held_under`, 0: not given) is the head number
+    /// under which the sender learned that this head holds every stack
+    /// the record leaves out: the sender's own record of what this
+    /// ingester acknowledged under that number, which only a cut or a
+    /// restart (each a new number) can make stale. While the head has that
+    /// number, those stacks are taken as held without a lookup each (in a
+    /// large head every lookup misses the cache).
+    pub async fn write_record_to_head(
+        &self,
+        record: bytes::Bytes,
+        held_under: u64,
+    ) -> Result<(usize, u64), Error> {
         let _g = self.gate.read().await;
         // Under the gate: no cut comes before the batch is in the head.
         let head = self.head();
+        let trusted = held_under != 0 && held_under == head;
         let batch = {
             let st = self.state.read();
-            fathom_proto::decode_write_request_skipping(&record, |tenant| {
-                st.active.get(tenant).map(|h| &h.symbols)
-            })
+            fathom_proto::decode_write_request_held(
+                &record,
+                |tenant| st.active.get(tenant).map(|h| &h.symbols),
+                trusted,
+            )
         };
+        if trusted
+            && batch.is_ok()
+            && fathom_proto::write_format(&record) == Some(fathom_proto::WRITE_FORMAT_HELD)
+        {
+            self.m.held_by_head.inc();
+        }
         let batch = match batch {
             Ok(b) => b,
             Err(_)
@@ -1302,6 +1329,7 @@ mod tests {
         server
             .write_record(tonic::Request::new(Record {
                 record: sent.clone(),
+                held_under: 0,
             }))
             .await
             .unwrap();
@@ -1317,6 +1345,7 @@ mod tests {
         let err = server
             .write_record(tonic::Request::new(Record {
                 record: bytes::Bytes::from_static(b"\xff\xff not protobuf"),
+                held_under: 0,
             }))
             .await
             .unwrap_err();

@@ -22,18 +22,27 @@ use crate::{Config, Ingester, wal};
 struct InProcess {
     ingesters: Vec<(String, Arc<Ingester>)>,
     sent: Mutex<Vec<(String, bytes::Bytes)>>,
+    /// Per record sent: the head number it was sent under
+    /// (`Record.held_under`) and the receiving ingester's head then.
+    held_under: Mutex<Vec<(u64, u64)>>,
 }
 
 #[async_trait::async_trait]
 impl ReplicaClient for InProcess {
-    async fn write(&self, to: &IngesterAddr, record: bytes::Bytes) -> Result<u64, ReplicaError> {
+    async fn write(
+        &self,
+        to: &IngesterAddr,
+        record: bytes::Bytes,
+        held_under: u64,
+    ) -> Result<u64, ReplicaError> {
         let (_, ing) = self
             .ingesters
             .iter()
             .find(|(id, _)| *id == to.id)
             .expect("a known ingester");
         self.sent.lock().push((to.id.clone(), record.clone()));
-        ing.write_record_to_head(record)
+        self.held_under.lock().push((held_under, ing.head()));
+        ing.write_record_to_head(record, held_under)
             .await
             .map(|(_, head)| head)
             .map_err(|e| match e {
@@ -113,6 +122,7 @@ fn replicated(
             .map(|(id, d)| (id.clone(), open(d.path())))
             .collect(),
         sent: Mutex::new(Vec::new()),
+        held_under: Mutex::new(Vec::new()),
     });
     let members = ids
         .iter()
@@ -309,6 +319,16 @@ async fn acknowledged_stacks_are_left_out_until_a_head_is_cut() {
         "{} bytes against {whole} whole",
         second[0].1.len()
     );
+    // Each sent under its replica's current head number, which takes the
+    // left-out stacks without looking them up.
+    let held_under = |from: usize| client.held_under.lock()[from..].to_vec();
+    for (under, head) in held_under(3) {
+        assert_eq!(under, head);
+    }
+    let by_head = |ing: &Ingester| ing.m.held_by_head.get();
+    for (id, ing) in &client.ingesters {
+        assert_eq!(by_head(ing), 1, "{id}");
+    }
     let symbols = |ing: &Ingester| ing.state.read().active["t1"].symbols.clone();
     let full = symbols(&client.ingesters[0].1);
     for (_, ing) in &client.ingesters {
@@ -327,6 +347,18 @@ async fn acknowledged_stacks_are_left_out_until_a_head_is_cut() {
         .filter(|(_, r)| fathom_proto::write_format(r) == Some(fathom_proto::WRITE_FORMAT))
         .collect();
     assert_eq!(whole_again.len(), 3, "{:?}", formats(&third));
+    // The cut replica got the record under its old head number: it looked
+    // the stacks up and found them gone; the others took them as held.
+    let cut_head = held_under(6)
+        .into_iter()
+        .zip(&third)
+        .find(|(_, (to, _))| *to == client.ingesters[1].0)
+        .map(|(h, _)| h)
+        .unwrap();
+    assert_ne!(cut_head.0, cut_head.1);
+    assert_eq!(by_head(&client.ingesters[1].1), 1);
+    assert_eq!(by_head(&client.ingesters[0].1), 2);
+    assert_eq!(by_head(&client.ingesters[2].1), 2);
     assert_eq!(
         symbols(&client.ingesters[1].1),
         full,
@@ -345,6 +377,12 @@ async fn acknowledged_stacks_are_left_out_until_a_head_is_cut() {
     // The next write leaves out stacks again (the cut head has them back).
     push(3).await.unwrap();
     assert_eq!(formats(&sent(12)), vec![fathom_proto::WRITE_FORMAT_HELD; 3]);
+    for (id, ing) in &client.ingesters {
+        assert_eq!(
+            by_head(ing),
+            if id == &client.ingesters[1].0 { 2 } else { 3 }
+        );
+    }
 
     // Replay of the WALs (format-5 records among them) gives the same heads.
     replays_to_the_same_heads(&client, &dirs);

@@ -247,7 +247,22 @@ pub fn decode_write_request_skipping<'k>(
     record: &[u8],
     known: impl FnOnce(&str) -> Option<&'k model::Symbols>,
 ) -> Result<model::IngestBatch, ConvertError> {
-    if let Some(batch) = record::decode_skipping(record, known) {
+    decode_write_request_held(record, known, false)
+}
+
+/// [`decode_write_request_skipping`]; with `trusted`, the stacks that a
+/// format-5 record's samples name without carrying them are taken as held
+/// by `known` without looking each one up. Only for a caller that knows
+/// it: an ingester whose head still has the number under which the
+/// sender learned that it holds them (`Record.held_under`). A stack it
+/// lacks after all would be named by samples with no frames, so nothing
+/// else may pass `true`.
+pub fn decode_write_request_held<'k>(
+    record: &[u8],
+    known: impl FnOnce(&str) -> Option<&'k model::Symbols>,
+    trusted: bool,
+) -> Result<model::IngestBatch, ConvertError> {
+    if let Some(batch) = record::decode_held(record, known, trusted) {
         return Ok(batch);
     }
     decode_write_request_prost(record)

@@ -218,6 +218,18 @@ pub(crate) fn decode_skipping<'k>(
     record: &[u8],
     known: impl FnOnce(&str) -> Option<&'k model::Symbols>,
 ) -> Option<model::IngestBatch> {
+    decode_held(record, known, false)
+}
+
+/// [`decode_skipping`]; with `trusted`, a format-5 sample that names by id
+/// a stack the record lacks is taken as held by `known` without a lookup
+/// (its caller knows that head holds every such stack: see
+/// [`crate::decode_write_request_held`]).
+pub(crate) fn decode_held<'k>(
+    record: &[u8],
+    known: impl FnOnce(&str) -> Option<&'k model::Symbols>,
+    trusted: bool,
+) -> Option<model::IngestBatch> {
     let mut top = Top::default();
     each(record, |f| {
         match f.number {
@@ -514,10 +526,15 @@ pub(crate) fn decode_skipping<'k>(
                         Some(())
                     })?;
                     let stack = id(stack)?;
-                    let ids = by_id.get_or_insert_with(|| stack_ids.iter().copied().collect());
-                    if !ids.contains(&stack) && !held.is_some_and(|k| k.stacks.contains_key(&stack))
-                    {
-                        return None;
+                    // Trusted, a stack the record lacks is the head's: no
+                    // lookup in either (each would miss the cache).
+                    if !(trusted && held.is_some()) {
+                        let ids = by_id.get_or_insert_with(|| stack_ids.iter().copied().collect());
+                        if !ids.contains(&stack)
+                            && !held.is_some_and(|k| k.stacks.contains_key(&stack))
+                        {
+                            return None;
+                        }
                     }
                     samples.push(model::Sample { stack, value });
                 }
@@ -762,8 +779,19 @@ mod tests {
         let got = crate::decode_write_request_skipping(&rec, |_| Some(&head)).unwrap();
         assert_eq!(got.profiles, b.profiles);
         let mut whole = head.clone();
-        whole.merge_owned(got.symbols);
+        whole.merge_owned(got.symbols.clone());
         assert_eq!(whole, b.symbols);
+        // Trusted (the head number says the head holds them), the same
+        // batch without a lookup; untrusted, it is still looked up.
+        let trusted = crate::decode_write_request_held(&rec, |_| Some(&head), true).unwrap();
+        assert_eq!(trusted, got);
+        assert!(crate::decode_write_request_held(&rec, |_| Some(&empty), false).is_err());
+        // Only a format-5 record's samples are taken on trust: a format-4
+        // record naming a stack it lacks is refused all the same.
+        let mut v4 = crate::ingester::WriteRequest::from(&left);
+        v4.format_version = crate::WRITE_FORMAT;
+        let v4 = v4.encode_to_vec();
+        assert!(crate::decode_write_request_held(&v4, |_| Some(&head), true).is_err());
     }
 
     #[test]
