@@ -31,9 +31,10 @@
 //! that a receiver finds a sample's stack by position, not by a lookup.
 //! Format 0, the first one, has no ids and the receiver recomputes them
 //! from the content. Format 5 ([`WRITE_FORMAT_HELD`]) is format 4 written
-//! by a single process's ingester after leaving out what its head holds:
-//! it may name such stacks and locations by id without carrying them, and
-//! is read against that head ([`decode_write_request_skipping`]). A WAL
+//! after leaving out what the receiving head holds (a single process's
+//! ingester, a distributor for what every replica acknowledged): it may
+//! name such stacks and locations by id without carrying them, and is
+//! read against that head ([`decode_write_request_skipping`]). A WAL
 //! written in format 0, 2, 3, 4 or 5 replays; any other version is refused
 //! with [`ConvertError::FormatVersion`].
 
@@ -48,10 +49,11 @@ pub use encode::{encode_write, encode_write_request};
 /// the record's stacks (see the crate documentation).
 pub const WRITE_FORMAT: u32 = 4;
 
-/// [`WRITE_FORMAT`] written by a single process's ingester for its own
-/// WAL after leaving out what its head held: a sample may name by id a
-/// stack the record lacks, and a stack a location it lacks, when the head
-/// the records before it built holds them. Decoding against that head
+/// [`WRITE_FORMAT`] written after leaving out what the receiving head
+/// holds (by a single process's ingester for its own WAL, or by a
+/// distributor for the stacks every replica acknowledged): a sample may
+/// name by id a stack the record lacks, and a stack a location it lacks,
+/// when the head the records before it built holds them. Decoding against that head
 /// ([`decode_write_request_skipping`]) reads it; replay applies records
 /// in order, so the head holds them again. Without the head it reads as
 /// format 4 does: every reference must be in the record.
