@@ -1036,13 +1036,18 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
 }
 
 /// mimalloc as the server roles set it (cmd/src/alloc.rs): freed memory
-/// is kept, not purged, unless the environment sets `MIMALLOC_PURGE_DELAY`.
+/// is kept, not purged, unless the environment sets `MIMALLOC_PURGE_DELAY`,
+/// and no transparent huge pages, unless it sets `MIMALLOC_ALLOW_THP`.
 #[allow(unsafe_code)]
 fn keep_freed_memory() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets one option (15: `mi_option_purge_delay`) of the
         // running allocator, which mimalloc allows at any time.
         unsafe { libmimalloc_sys::mi_option_set(15, -1) };
+    }
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: sets one flag of this process; no memory is passed.
+        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
     }
 }
 
