@@ -20,7 +20,7 @@
 //! start): with them, a growing head (and the decode buffers around it)
 //! faulted its memory in 2 MiB at a time, each zeroed whole by the
 //! kernel, and the kernel's page zeroing was 31 % of a cluster
-//! ingester's CPU. Without them a three-ingester cluster ingested 23 %
+//! ingester's CPU. Without them a three-ingester cluster ingested 22 %
 //! more and one process's head held 14 % less RSS per ingested byte
 //! (docs/benchmarks.md, "Issue 13, tenth session"). `MIMALLOC_ALLOW_THP`
 //! in the environment (any value) leaves the process as it is.
