@@ -28,8 +28,8 @@ use crate::ring::{RingKey, replicas};
 pub(crate) const MAX_ACKED_STACKS: usize = 1 << 22;
 
 /// Writes whose reliances ([`Consulted`]) are kept for their sending at
-/// most: a write refused before it is sent (a limit) leaves its entry
-/// behind, and the oldest go first. A write whose entry went is sent
+/// most: a write that left stacks out but was refused before it was sent
+/// (a limit) leaves its entry behind, and the oldest go first. A write whose entry went is sent
 /// without `held_under`, and its replicas look its stacks up.
 const MAX_PENDING_WRITES: usize = 4096;
 
@@ -114,21 +114,13 @@ impl Acked {
             head: 0,
             stacks: IdSet::default(),
         });
-        let stacks: Box<dyn Iterator<Item = &Id>> = if head > e.head {
+        if head > e.head {
             *ids -= e.stacks.len();
             e.stacks.clear();
             e.head = head;
-            Box::new(named.into_iter())
+            remember(&mut e.stacks, ids, limit, named);
         } else {
-            Box::new(sent.into_iter())
-        };
-        for id in stacks {
-            if *ids >= limit {
-                break;
-            }
-            if e.stacks.insert(*id) {
-                *ids += 1;
-            }
+            remember(&mut e.stacks, ids, limit, sent);
         }
     }
 
@@ -154,13 +146,6 @@ impl Acked {
             live: live.clone(),
             heads: Mutex::default(),
         });
-        {
-            let mut p = self.pending.lock();
-            p.insert(token, consulted.clone());
-            while p.len() > MAX_PENDING_WRITES {
-                p.pop_first();
-            }
-        }
         ReplicaStacks {
             acked: self.clone(),
             live,
@@ -168,6 +153,16 @@ impl Acked {
             replication_factor,
             token,
             consulted,
+        }
+    }
+
+    /// Keeps what the write `token` relied on for its sending, once it
+    /// leaves a stack out (a write that leaves none out keeps nothing).
+    fn register(&self, token: u64, consulted: &Arc<Consulted>) {
+        let mut p = self.pending.lock();
+        p.entry(token).or_insert_with(|| consulted.clone());
+        while p.len() > MAX_PENDING_WRITES {
+            p.pop_first();
         }
     }
 
@@ -238,6 +233,23 @@ impl Acked {
     }
 }
 
+/// Adds `new` to `stacks`, counting them in `ids`, up to `limit` in all.
+fn remember<'a>(
+    stacks: &mut IdSet,
+    ids: &mut usize,
+    limit: usize,
+    new: impl IntoIterator<Item = &'a Id>,
+) {
+    for id in new {
+        if *ids >= limit {
+            break;
+        }
+        if stacks.insert(*id) {
+            *ids += 1;
+        }
+    }
+}
+
 /// The stacks every replica of a series holds, for one write of `tenant`
 /// placed on the ring view `live` ([`HeldStacks`]). Its "generation" is
 /// the write's token: a batch that leaves stacks out carries it
@@ -270,7 +282,11 @@ impl HeldStacks for ReplicaStacks {
     fn holds(&self, series: &Labels, ids: &[Id]) -> Vec<bool> {
         let key = RingKey::of(&self.tenant, series);
         let to = replicas(&self.live, &key, self.replication_factor);
-        self.acked.holds(&self.tenant, &to, ids, &self.consulted)
+        let held = self.acked.holds(&self.tenant, &to, ids, &self.consulted);
+        if held.contains(&true) {
+            self.acked.register(self.token, &self.consulted);
+        }
+        held
     }
 }
 
@@ -389,9 +405,10 @@ mod tests {
             heads(&[("ingester-1", 20)])
         );
 
-        // Nothing held: nothing relied on.
+        // Nothing held: nothing relied on, nothing kept.
         let w = a.stacks_for(&TenantId::new("u").unwrap(), live.clone(), 2);
         assert_eq!(w.holds(&series, &all), vec![false; 4]);
+        assert!(a.pending.lock().is_empty());
         assert_eq!(a.relied_on(w.generation(), &live), heads(&[]));
 
         // Sent on another ring view: none.
@@ -403,11 +420,15 @@ mod tests {
         let first = a.stacks_for(&t, live.clone(), 2);
         first.holds(&series, &all);
         let rest: Vec<_> = (0..MAX_PENDING_WRITES)
-            .map(|_| a.stacks_for(&t, live.clone(), 2))
+            .map(|_| {
+                let w = a.stacks_for(&t, live.clone(), 2);
+                w.holds(&series, &all);
+                w
+            })
             .collect();
+        assert_eq!(a.pending.lock().len(), MAX_PENDING_WRITES);
         assert_eq!(a.relied_on(first.generation(), &live), heads(&[]));
         let last = rest.last().unwrap();
-        last.holds(&series, &all);
         assert_eq!(a.relied_on(last.generation(), &live).len(), 2);
     }
 }

@@ -331,7 +331,7 @@ impl Ingester {
         );
         r.register(
             "records_held_by_head",
-            "Replicated records whose left-out stacks were taken as held because the head still has the number the distributor learned them under (no lookup per sample)",
+            "Replicated records sent under the head number this ingester still has: the stacks they leave out were taken as held without a lookup per sample",
             m.held_by_head.clone(),
         );
         r.register(
@@ -579,10 +579,7 @@ impl Ingester {
                 trusted,
             )
         };
-        if trusted
-            && batch.is_ok()
-            && fathom_proto::write_format(&record) == Some(fathom_proto::WRITE_FORMAT_HELD)
-        {
+        if trusted && batch.is_ok() {
             self.m.held_by_head.inc();
         }
         let batch = match batch {
