@@ -7,9 +7,20 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_128};
 /// 128 bits keep the birthday bound far out of reach: after 2^40 distinct
 /// stacks the chance of any collision is about 2^-49.
 #[derive(
-    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize,
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize,
 )]
 pub struct Id(pub [u8; 16]);
+
+/// One 128-bit word for the hasher of an [`IdMap`] (one step of
+/// foldhash), not a length and 16 bytes as the derived `Hash` of an
+/// array writes them: ids are map keys on the ingest path's every
+/// sample. In-memory maps only; nothing stores these hashes.
+impl std::hash::Hash for Id {
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u128(u128::from_ne_bytes(self.0));
+    }
+}
 
 impl Id {
     pub const ZERO: Id = Id([0; 16]);

@@ -137,15 +137,35 @@ pub struct StackHasher {
 impl StackHasher {
     /// The id of a stack of `locations` (leaf first).
     pub fn id(&mut self, locations: &[Id]) -> Id {
+        self.begin(locations.len());
+        for l in locations {
+            self.push(l);
+        }
+        self.finish()
+    }
+
+    /// Starts a stack of `n` locations, given next one by one with
+    /// [`StackHasher::push`] (no vector of ids needed); [`StackHasher::finish`]
+    /// gives its id, the same as [`StackHasher::id`] of those `n` ids.
+    #[inline]
+    pub fn begin(&mut self, n: usize) {
         let b = &mut self.buf;
         b.clear();
-        b.reserve(STACK_DOMAIN.len() + 8 + 16 * locations.len());
+        b.reserve(STACK_DOMAIN.len() + 8 + 16 * n);
         b.extend_from_slice(STACK_DOMAIN);
-        b.extend_from_slice(&(locations.len() as u64).to_le_bytes());
-        for l in locations {
-            b.extend_from_slice(&l.0);
-        }
-        Id::from_u128(xxhash_rust::xxh3::xxh3_128(b))
+        b.extend_from_slice(&(n as u64).to_le_bytes());
+    }
+
+    /// The next location of the stack [`StackHasher::begin`] started.
+    #[inline]
+    pub fn push(&mut self, location: &Id) {
+        self.buf.extend_from_slice(&location.0);
+    }
+
+    /// The id of the stack given since [`StackHasher::begin`].
+    #[inline]
+    pub fn finish(&self) -> Id {
+        Id::from_u128(xxhash_rust::xxh3::xxh3_128(&self.buf))
     }
 }
 

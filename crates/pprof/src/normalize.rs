@@ -518,6 +518,18 @@ impl<'a> Normalizer<'a> {
     /// the tables are built at the end for the stacks kept.
     #[inline]
     fn location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
+        // Most frames name a location an earlier sample named.
+        if let Some((_, Some(memo))) = self.locations.get_mut(id) {
+            return Ok(*memo);
+        }
+        self.first_location_id(sample, id)
+    }
+
+    /// [`Normalizer::location_id`] of a location not named before: its
+    /// ids computed and remembered (out of line, so the lookup above stays
+    /// small where it is inlined).
+    #[inline(never)]
+    fn first_location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
         let (pos, memo) = *self
             .locations
             .get_mut(id)
@@ -784,8 +796,7 @@ impl<'a> Normalizer<'a> {
         let mut series_by_raw: HashMap<Vec<(i64, i64)>, usize> = HashMap::new();
         let mut series_by_labels: HashMap<Labels, usize> = HashMap::new();
         let mut raw_labels: Vec<(i64, i64)> = Vec::new();
-        // A sample's location ids, hashed into its stack id.
-        let mut stack_locations: Vec<Id> = Vec::new();
+        // A sample's locations, as indexes (its ids go to the hasher).
         let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
         // The head's generation is read before its first answer, so a cut
@@ -876,14 +887,14 @@ impl<'a> Normalizer<'a> {
                 }
             };
 
-            stack_locations.clear();
             frames.clear();
+            stack_hasher.begin(s.location_id.len());
             for &lid in &s.location_id {
                 let (id, index) = self.location_id(si, lid)?;
-                stack_locations.push(id);
+                stack_hasher.push(&id);
                 frames.push(index);
             }
-            let stack_id = stack_hasher.id(&stack_locations);
+            let stack_id = stack_hasher.finish();
 
             let several = series.len() > 1;
             let ser = &mut series[sidx];
