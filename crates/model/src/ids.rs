@@ -180,6 +180,23 @@ mod tests {
     }
 
     #[test]
+    fn map_keys_hash_by_the_whole_id() {
+        use std::hash::BuildHasher;
+        let state = foldhash::fast::RandomState::default();
+        let a = IdHasher::new("x").u64(1).finish();
+        let mut b = a;
+        assert_eq!(state.hash_one(a), state.hash_one(b));
+        // A change in either half of the 16 bytes changes the hash.
+        b.0[0] ^= 1;
+        assert_ne!(state.hash_one(a), state.hash_one(b));
+        let mut c = a;
+        c.0[15] ^= 1;
+        assert_ne!(state.hash_one(a), state.hash_one(c));
+        let set: IdSet = [a, b, c, a].into_iter().collect();
+        assert_eq!(set.len(), 3);
+    }
+
+    #[test]
     fn hex_round_trip() {
         let a = IdHasher::new("t").str("x").finish();
         assert_eq!(Id::from_hex(&a.to_hex()), Some(a));

@@ -540,6 +540,12 @@ mod tests {
                 .collect();
             let want = stack_id_by_id_hasher(&locations);
             assert_eq!(hasher.id(&locations), want, "{n} frames");
+            // Given one by one, as normalize does, after a longer stack.
+            hasher.begin(n);
+            for l in &locations {
+                hasher.push(l);
+            }
+            assert_eq!(hasher.finish(), want, "{n} frames one by one");
             assert_eq!(
                 Stack {
                     locations: locations.clone()
