@@ -29,8 +29,9 @@ pub(crate) const MAX_ACKED_STACKS: usize = 1 << 22;
 
 /// Writes whose reliances ([`Consulted`]) are kept for their sending at
 /// most: a write that left stacks out but was refused before it was sent
-/// (a limit) leaves its entry behind, and the oldest go first. A write whose entry went is sent
-/// without `held_under`, and its replicas look its stacks up.
+/// (a limit) leaves its entry behind, and the oldest go first. A write
+/// whose entry went is sent without `held_under`, and its replicas look
+/// its stacks up.
 const MAX_PENDING_WRITES: usize = 4096;
 
 /// See the module documentation.

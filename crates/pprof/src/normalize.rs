@@ -537,9 +537,7 @@ impl<'a> Normalizer<'a> {
                 sample,
                 location: id,
             })?;
-        if let Some(memo) = memo {
-            return Ok(memo);
-        }
+        debug_assert!(memo.is_none(), "location_id answers a known location");
         let l = &self.p.location[pos as usize];
         let mapping = self.mapping_id(l.id, l.mapping_id)?;
         let mut lines = std::mem::take(&mut self.lines);

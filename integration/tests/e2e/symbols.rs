@@ -776,22 +776,21 @@ fn top(stacks: &BTreeMap<String, i64>) -> Option<(String, i64, i64)> {
 /// stack is sure to hold half.
 fn leaf_chain(stacks: &BTreeMap<String, i64>, leaf: &str) -> Result<String, String> {
     let total: i64 = stacks.values().sum();
-    let names = |s: &str| s.split(';').any(|f| f == leaf);
-    let with_leaf: i64 = stacks
-        .iter()
-        .filter(|(s, _)| names(s))
-        .map(|(_, v)| v)
-        .sum();
-    let heaviest = stacks
-        .iter()
-        .filter(|(s, _)| names(s))
-        .max_by_key(|(_, v)| **v);
-    match heaviest {
-        Some((stack, _)) if with_leaf * 2 > total => {
-            let frames: Vec<&str> = stack.split(';').collect();
-            let end = frames.iter().position(|f| *f == leaf).unwrap_or(0);
-            Ok(frames[..=end].join(";"))
+    let mut with_leaf = 0;
+    // The heaviest stack naming the leaf, cut after it.
+    let mut heaviest: Option<(Vec<&str>, i64)> = None;
+    for (stack, &v) in stacks {
+        let frames: Vec<&str> = stack.split(';').collect();
+        let Some(end) = frames.iter().position(|f| *f == leaf) else {
+            continue;
+        };
+        with_leaf += v;
+        if heaviest.as_ref().is_none_or(|(_, h)| v > *h) {
+            heaviest = Some((frames[..=end].to_vec(), v));
         }
+    }
+    match heaviest {
+        Some((chain, _)) if with_leaf * 2 > total => Ok(chain.join(";")),
         _ => Err(format!("{leaf} holds {with_leaf} of {total}: {stacks:?}")),
     }
 }
