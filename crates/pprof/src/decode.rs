@@ -194,7 +194,8 @@ fn normalize_protobuf(
         wire: wire::WireSamples::new(data, budget),
         strings: p.string_table.len(),
     };
-    let n = crate::normalize::Normalizer::new(&p, opts, counts.samples).ok()?;
+    let n =
+        crate::normalize::Normalizer::new(&p, opts, counts.samples, counts.sample_bytes).ok()?;
     n.run(&mut samples).ok()
 }
 

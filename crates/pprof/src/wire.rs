@@ -163,6 +163,9 @@ fn scalar_count(f: &Field<'_>) -> usize {
 pub(crate) struct Counts {
     pub(crate) sample_types: usize,
     pub(crate) samples: usize,
+    /// The bytes of every sample message together: a bound on the frames
+    /// the samples name (a location id takes at least one byte).
+    pub(crate) sample_bytes: usize,
     pub(crate) mappings: usize,
     pub(crate) locations: usize,
     pub(crate) functions: usize,
@@ -174,9 +177,13 @@ pub(crate) struct Counts {
 pub(crate) fn prescan(b: &[u8]) -> Result<Counts, Bad> {
     let mut c = Counts::default();
     for f in fields(b) {
-        match f?.number {
+        let f = f?;
+        match f.number {
             1 => c.sample_types += 1,
-            2 => c.samples += 1,
+            2 => {
+                c.samples += 1;
+                c.sample_bytes += f.payload.len();
+            }
             3 => c.mappings += 1,
             4 => c.locations += 1,
             5 => c.functions += 1,
