@@ -577,6 +577,22 @@ mod tests {
     use super::*;
     use prost::Message;
 
+    #[test]
+    fn prescan_sums_the_sample_bytes_that_bound_the_frames() {
+        let p = sample_profile();
+        let bytes = p.encode_to_vec();
+        let c = prescan(&bytes).unwrap();
+        let each: Vec<usize> = p.sample.iter().map(|s| s.encoded_len()).collect();
+        assert_eq!(c.samples, 2);
+        assert_eq!(c.sample_bytes, each.iter().sum::<usize>());
+        let frames: usize = p.sample.iter().map(|s| s.location_id.len()).sum();
+        assert!(
+            frames <= c.sample_bytes,
+            "{frames} frames in {} bytes",
+            c.sample_bytes
+        );
+    }
+
     fn sample_profile() -> pprof::Profile {
         pprof::Profile {
             sample_type: vec![pprof::ValueType { r#type: 1, unit: 2 }],
