@@ -190,12 +190,16 @@ fn normalize_protobuf(
     let (p, budget) = wire::decode_tables(data, &counts, limits.max_decoded_bytes, false).ok()?;
     // Everything but the samples, which are checked as they are read.
     validate(&p, limits).ok()?;
+    // The frames are at most the sample bytes; what is reserved for them
+    // up front stays within what is left of the decode budget.
+    let frames = counts
+        .sample_bytes
+        .min(budget.left() / std::mem::size_of::<u32>());
     let mut samples = CheckedSamples {
         wire: wire::WireSamples::new(data, budget),
         strings: p.string_table.len(),
     };
-    let n =
-        crate::normalize::Normalizer::new(&p, opts, counts.samples, counts.sample_bytes).ok()?;
+    let n = crate::normalize::Normalizer::new(&p, opts, counts.samples, frames).ok()?;
     n.run(&mut samples).ok()
 }
 

@@ -225,6 +225,11 @@ pub(crate) struct Budget {
 }
 
 impl Budget {
+    /// Bytes still allowed.
+    pub(crate) fn left(&self) -> usize {
+        self.limit.saturating_sub(self.used)
+    }
+
     #[inline]
     fn take(&mut self, bytes: usize) -> Result<(), WireError> {
         self.used = self.used.saturating_add(bytes);
@@ -591,6 +596,42 @@ mod tests {
             "{frames} frames in {} bytes",
             c.sample_bytes
         );
+    }
+
+    /// Over every protobuf profile of the shared corpus, the sample bytes
+    /// prescan sums are at least the frames the samples name.
+    #[test]
+    fn sample_bytes_bound_the_frames_of_the_corpus() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/pprof");
+        let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv"))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let mut checked = 0;
+        for line in manifest.lines().skip(1) {
+            let f: Vec<&str> = line.split('\t').collect();
+            if f.len() < 5 || !f[4].starts_with("pprof-proto") {
+                continue;
+            }
+            let raw = std::fs::read(dir.join(f[0])).unwrap();
+            let Some(bytes) = crate::gzip::gunzip(&raw, 1 << 30)
+                .ok()
+                .or_else(|| (!raw.starts_with(&[0x1f, 0x8b])).then(|| raw.clone()))
+            else {
+                continue;
+            };
+            let (Ok(c), Ok(p)) = (prescan(&bytes), pprof::Profile::decode(&bytes[..])) else {
+                continue;
+            };
+            let frames: usize = p.sample.iter().map(|s| s.location_id.len()).sum();
+            assert!(
+                frames <= c.sample_bytes,
+                "{}: {frames} frames in {} bytes",
+                f[0],
+                c.sample_bytes
+            );
+            checked += 1;
+        }
+        assert!(checked > 100, "only {checked} corpus profiles read");
     }
 
     fn sample_profile() -> pprof::Profile {
