@@ -347,6 +347,33 @@ fn prost_decode_mbs(secs: f64) -> f64 {
     bytes as f64 / 1e6 / t0.elapsed().as_secs_f64()
 }
 
+/// The same bare prost decode on every core at once (one thread a core,
+/// each over its own share of the corpus): MB/s per core. Not the
+/// issue's reference, which is one thread; printed beside it so that what
+/// this machine loses when both of its cores are busy (shared caches,
+/// memory bandwidth, a hypervisor's scheduling) is a figure, not a guess.
+fn prost_decode_all_cores_mbs(secs: f64) -> f64 {
+    let n = cores();
+    let total: f64 = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..n).map(|_| s.spawn(|| prost_decode_mbs(secs))).collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("prost decode thread"))
+            .sum()
+    });
+    total / n as f64
+}
+
+/// Prints the bare prost decode on one thread and on every core at once.
+fn print_prost_scaling(one: f64) {
+    let all = prost_decode_all_cores_mbs(5.0);
+    println!(
+        "figure prost_decode_all_cores: {all:.1} MB/s per core with a bare prost decode on each of the {} cores at once, against {one:.1} MB/s on one thread alone: ratio {:.2} (what this machine keeps per core when every core is busy; the ingest targets compare with one thread)",
+        cores(),
+        all / one.max(f64::MIN_POSITIVE),
+    );
+}
+
 /// Prints the ingest figure per core next to the bare prost decode.
 fn print_prost_ratio(name: &str, per_core: f64, prost: f64) {
     println!(
@@ -357,6 +384,7 @@ fn print_prost_ratio(name: &str, per_core: f64, prost: f64) {
 
 async fn ingest_bench(dir: &Path) {
     let prost = prost_decode_mbs(5.0);
+    print_prost_scaling(prost);
     let srv = start(dir).await;
     let (_, rss_before) = rss_mib();
     let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_secs()).await;
