@@ -387,8 +387,10 @@ async fn ingest_bench(dir: &Path) {
     print_prost_scaling(prost);
     let srv = start(dir).await;
     let (_, rss_before) = rss_mib();
+    let rows_before = counter(&srv.url(), HEAD_ROWS).await;
     let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_secs()).await;
     let (_, rss_after) = rss_mib();
+    let rows = counter(&srv.url(), HEAD_ROWS).await - rows_before;
     let cores = cores();
     println!(
         "figure ingest_single_process: {mbs:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {reqs} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
@@ -399,6 +401,11 @@ async fn ingest_bench(dir: &Path) {
     println!(
         "figure head_rss_per_ingested_byte: {:.3} (process RSS {rss_before:.0} MiB with the server ready and empty, {rss_after:.0} MiB after the /ingest run, before any flush; {acked_mib:.0} MiB of pprof acknowledged)",
         (rss_after - rss_before) / acked_mib.max(f64::MIN_POSITIVE),
+    );
+    let row_mib = rows * HEAD_ROW_BYTES / (1024.0 * 1024.0);
+    println!(
+        "figure head_rows_per_ingested_byte: {:.3} ({rows:.0} sample rows of {HEAD_ROW_BYTES} bytes added to the head, {row_mib:.0} MiB, for {acked_mib:.0} MiB of pprof acknowledged: the part of head_rss_per_ingested_byte that is the head's rows)",
+        row_mib / acked_mib.max(f64::MIN_POSITIVE),
     );
     // The same files through Pyroscope's push.v1 (Connect, protobuf), on
     // the same server, right after.
@@ -1128,6 +1135,26 @@ fn main() {
 
 /// Peak and current resident set of this process, in MiB (`VmHWM`,
 /// `VmRSS`).
+/// The ingester's counter of sample rows added to heads.
+const HEAD_ROWS: &str = "fathom_ingester_samples_total";
+
+/// Bytes of one head sample row (`fathom_block::samples_schema`: series,
+/// profile and stack ids of 16 bytes, time and value of 8).
+const HEAD_ROW_BYTES: f64 = 64.0;
+
+/// The value of counter `name` (no labels) on `url`'s `/metrics`.
+async fn counter(url: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{url}/metrics has no {name}"))
+}
+
 fn rss_mib() -> (f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
