@@ -332,8 +332,12 @@ fn cores() -> usize {
 /// The reference the issue measures ingest against ("≥ 0.5× a bare prost
 /// decode of the same bytes").
 fn prost_decode_mbs(secs: f64) -> f64 {
+    prost_decode_files_mbs(&ingest_files(), secs)
+}
+
+/// [`prost_decode_mbs`] of corpus files already read.
+fn prost_decode_files_mbs(files: &[Arc<Vec<u8>>], secs: f64) -> f64 {
     use prost::Message;
-    let files = ingest_files();
     let t0 = Instant::now();
     let mut bytes = 0u64;
     let mut i = 0;
@@ -348,14 +352,18 @@ fn prost_decode_mbs(secs: f64) -> f64 {
 }
 
 /// The same bare prost decode on every core at once (one thread a core,
-/// each over its own share of the corpus): MB/s per core. Not the
+/// each over the whole corpus, read once before the threads start): MB/s
+/// per core. Not the
 /// issue's reference, which is one thread; printed beside it so that what
 /// this machine loses when both of its cores are busy (shared caches,
 /// memory bandwidth, a hypervisor's scheduling) is a figure, not a guess.
 fn prost_decode_all_cores_mbs(secs: f64) -> f64 {
     let n = cores();
+    let files = ingest_files();
     let total: f64 = std::thread::scope(|s| {
-        let threads: Vec<_> = (0..n).map(|_| s.spawn(|| prost_decode_mbs(secs))).collect();
+        let threads: Vec<_> = (0..n)
+            .map(|_| s.spawn(|| prost_decode_files_mbs(&files, secs)))
+            .collect();
         threads
             .into_iter()
             .map(|t| t.join().expect("prost decode thread"))
@@ -402,9 +410,10 @@ async fn ingest_bench(dir: &Path) {
         "figure head_rss_per_ingested_byte: {:.3} (process RSS {rss_before:.0} MiB with the server ready and empty, {rss_after:.0} MiB after the /ingest run, before any flush; {acked_mib:.0} MiB of pprof acknowledged)",
         (rss_after - rss_before) / acked_mib.max(f64::MIN_POSITIVE),
     );
-    let row_mib = rows * HEAD_ROW_BYTES / (1024.0 * 1024.0);
+    let row_bytes = head_row_bytes();
+    let row_mib = rows * row_bytes as f64 / (1024.0 * 1024.0);
     println!(
-        "figure head_rows_per_ingested_byte: {:.3} ({rows:.0} sample rows of {HEAD_ROW_BYTES} bytes added to the head, {row_mib:.0} MiB, for {acked_mib:.0} MiB of pprof acknowledged: the part of head_rss_per_ingested_byte that is the head's rows)",
+        "figure head_rows_per_ingested_byte: {:.3} ({rows:.0} sample rows of {row_bytes} bytes added to the head, {row_mib:.0} MiB, for {acked_mib:.0} MiB of pprof acknowledged: the part of head_rss_per_ingested_byte that is the head's rows)",
         row_mib / acked_mib.max(f64::MIN_POSITIVE),
     );
     // The same files through Pyroscope's push.v1 (Connect, protobuf), on
@@ -1133,14 +1142,22 @@ fn main() {
     });
 }
 
-/// Peak and current resident set of this process, in MiB (`VmHWM`,
-/// `VmRSS`).
 /// The ingester's counter of sample rows added to heads.
 const HEAD_ROWS: &str = "fathom_ingester_samples_total";
 
-/// Bytes of one head sample row (`fathom_block::samples_schema`: series,
-/// profile and stack ids of 16 bytes, time and value of 8).
-const HEAD_ROW_BYTES: f64 = 64.0;
+/// Bytes of one head sample row: the widths of the columns of
+/// [`fathom_block::samples_schema`], all fixed-width.
+fn head_row_bytes() -> usize {
+    use arrow::datatypes::DataType;
+    fathom_block::samples_schema()
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::FixedSizeBinary(n) => usize::try_from(*n).expect("a width"),
+            t => t.primitive_width().expect("a fixed-width sample column"),
+        })
+        .sum()
+}
 
 /// The value of counter `name` (no labels) on `url`'s `/metrics`.
 async fn counter(url: &str, name: &str) -> f64 {
@@ -1155,6 +1172,8 @@ async fn counter(url: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{url}/metrics has no {name}"))
 }
 
+/// Peak and current resident set of this process, in MiB (`VmHWM`,
+/// `VmRSS`).
 fn rss_mib() -> (f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {

@@ -588,7 +588,7 @@ mod tests {
         let bytes = p.encode_to_vec();
         let c = prescan(&bytes).unwrap();
         let each: Vec<usize> = p.sample.iter().map(|s| s.encoded_len()).collect();
-        assert_eq!(c.samples, 2);
+        assert_eq!(c.samples, p.sample.len());
         assert_eq!(c.sample_bytes, each.iter().sum::<usize>());
         let frames: usize = p.sample.iter().map(|s| s.location_id.len()).sum();
         assert!(
