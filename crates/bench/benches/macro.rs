@@ -410,10 +410,10 @@ async fn ingest_bench(dir: &Path) {
         "figure head_rss_per_ingested_byte: {:.3} (process RSS {rss_before:.0} MiB with the server ready and empty, {rss_after:.0} MiB after the /ingest run, before any flush; {acked_mib:.0} MiB of pprof acknowledged)",
         (rss_after - rss_before) / acked_mib.max(f64::MIN_POSITIVE),
     );
-    let row_bytes = head_row_bytes();
+    let row_bytes = fathom_ingester::HEAD_SAMPLE_BYTES;
     let row_mib = rows * row_bytes as f64 / (1024.0 * 1024.0);
     println!(
-        "figure head_rows_per_ingested_byte: {:.3} ({rows:.0} sample rows of {row_bytes} bytes added to the head, {row_mib:.0} MiB, for {acked_mib:.0} MiB of pprof acknowledged: the part of head_rss_per_ingested_byte that is the head's rows)",
+        "figure head_rows_per_ingested_byte: {:.3} ({rows:.0} samples of {row_bytes} bytes added to the head, {row_mib:.0} MiB, for {acked_mib:.0} MiB of pprof acknowledged: the part of head_rss_per_ingested_byte that is the head's rows)",
         row_mib / acked_mib.max(f64::MIN_POSITIVE),
     );
     // The same files through Pyroscope's push.v1 (Connect, protobuf), on
@@ -1144,20 +1144,6 @@ fn main() {
 
 /// The ingester's counter of sample rows added to heads.
 const HEAD_ROWS: &str = "fathom_ingester_samples_total";
-
-/// Bytes of one head sample row: the widths of the columns of
-/// [`fathom_block::samples_schema`], all fixed-width.
-fn head_row_bytes() -> usize {
-    use arrow::datatypes::DataType;
-    fathom_block::samples_schema()
-        .fields()
-        .iter()
-        .map(|f| match f.data_type() {
-            DataType::FixedSizeBinary(n) => usize::try_from(*n).expect("a width"),
-            t => t.primitive_width().expect("a fixed-width sample column"),
-        })
-        .sum()
-}
 
 /// The value of counter `name` (no labels) on `url`'s `/metrics`.
 async fn counter(url: &str, name: &str) -> f64 {

@@ -6,7 +6,7 @@ use arrow::array::{
 };
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
-use fathom_model::{Id, Profile, SERVICE_NAME, Symbols};
+use fathom_model::{Id, Profile, SERVICE_NAME, Sample, Symbols};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
@@ -63,13 +63,14 @@ impl SamplesBuilder {
         }
     }
 
-    /// Appends every sample of `p`, in `p`'s order, for a caller that
-    /// knows its series id (the head's write path: nothing reading a head
-    /// needs its rows in any order, and [`BlockData::samples`] need not be
-    /// sorted, so sorting each profile would be wasted).
-    pub fn push_profile_as_is(&mut self, p: &Profile, series_id: &Id) {
-        for s in &p.samples {
-            self.push(series_id, p.time_nanos, &p.id, &s.stack, s.value);
+    /// Appends the rows of one profile's `samples`, in their order, for a
+    /// caller that holds them apart from their profile (the head:
+    /// nothing reading a head needs its rows in any order, and
+    /// [`BlockData::samples`] need not be sorted, so sorting each profile
+    /// would be wasted).
+    pub fn push_samples(&mut self, series: &Id, time: i64, profile: &Id, samples: &[Sample]) {
+        for s in samples {
+            self.push(series, time, profile, &s.stack, s.value);
         }
     }
 

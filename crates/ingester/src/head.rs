@@ -1,13 +1,41 @@
 //! The per-tenant in-memory head: what has been acknowledged and not yet
 //! cut into a block, in the same row layout as a block's sample table.
 
-use arrow::array::RecordBatch;
-use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow, samples_schema};
-use fathom_model::{Id, IdMap, IdSet, IngestBatch, Profile, Symbols};
+use std::sync::Arc;
 
-/// Recent small sample batches are concatenated into one chunk when there
-/// are this many, so a head holds few batches without copying old data again.
-const RECENT_BATCHES: usize = 64;
+use arrow::array::RecordBatch;
+use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow};
+use fathom_model::{Id, IdMap, IdSet, IngestBatch, Profile, Sample, Symbols};
+
+/// Rows of one batch a head's samples are read as (a snapshot, a cut);
+/// a profile with more rows is one batch of its own.
+const BATCH_ROWS: usize = 1 << 16;
+
+/// What one sample row weighs once read or cut into a block (the
+/// samples schema's 64 bytes, less what the Parquet writer shares), for
+/// the head's size estimate: the head holds 24 bytes a sample, but a
+/// cut and a snapshot of a whole head materialize the wide rows, so
+/// `--max-head-size` and `--max-head-memory` count them at that width.
+const ROW_BYTES_READ: usize = 56;
+
+/// The bytes a head holds for one sample: its stack id and value, in
+/// the vector the profile was decoded into ([`HeadSamples`]).
+pub const HEAD_SAMPLE_BYTES: usize = std::mem::size_of::<Sample>();
+
+/// One profile's samples as a head holds them: the vector its profile
+/// was decoded into, moved in (stack id and value, 24 bytes a sample),
+/// and the three values every row of the profile repeats, once.
+pub(crate) struct HeadSamples {
+    profile_id: Id,
+    series_id: Id,
+    time_nanos: i64,
+    samples: Vec<Sample>,
+}
+
+/// The profiles of one write, shared with the snapshots taken while the
+/// head grows (a snapshot clones these under the head's lock and reads
+/// them as rows after releasing it).
+pub(crate) type Chunk = Arc<[HeadSamples]>;
 
 /// One tenant's head.
 #[derive(Default)]
@@ -15,43 +43,45 @@ pub(crate) struct TenantHead {
     pub(crate) series: IdMap<SeriesRow>,
     pub(crate) profiles: Vec<ProfileRow>,
     profile_ids: IdSet,
-    /// Concatenated chunks of earlier writes.
-    pub(crate) samples: Vec<RecordBatch>,
-    /// One batch per recent write.
-    recent: Vec<RecordBatch>,
+    /// The samples of every write, one chunk a write, oldest first.
+    chunks: Vec<Chunk>,
     pub(crate) symbols: Symbols,
     pub(crate) sample_rows: usize,
     pub(crate) bytes: usize,
 }
 
 /// A batch made ready for a head outside the head's write lock: its
-/// sample rows built with no lock and, with a shared one, the symbols the
-/// head already holds dropped ([`Prepared::drop_known`]). What is left
-/// under the write lock is inserting ids and the new symbols.
+/// series ids computed and, with a shared lock, the symbols the head
+/// already holds dropped ([`Prepared::drop_known`]). What is left under
+/// the write lock is inserting ids, moving each profile's samples in and
+/// the new symbols.
 pub(crate) struct Prepared {
     tenant: fathom_model::TenantId,
     profiles: Vec<Profile>,
     series_ids: Vec<Id>,
-    /// Every profile's sample rows, in profile order.
-    rows: RecordBatch,
     symbols: Symbols,
 }
 
 impl Prepared {
-    /// Builds `batch`'s sample rows.
+    /// Makes `batch` ready: series ids, and sample vectors with room to
+    /// spare (a decoder's growth) trimmed, as the head keeps them.
     pub(crate) fn new(batch: IngestBatch) -> Self {
         let IngestBatch {
             tenant,
-            profiles,
+            mut profiles,
             symbols,
         } = batch;
         let series_ids: Vec<Id> = profiles.iter().map(Profile::series_id).collect();
-        let rows = sample_rows(&profiles, &series_ids, |_| true);
+        for p in &mut profiles {
+            let len = p.samples.len();
+            if p.samples.capacity() > len + len / 8 {
+                p.samples.shrink_to_fit();
+            }
+        }
         Prepared {
             tenant,
             profiles,
             series_ids,
-            rows,
             symbols,
         }
     }
@@ -74,24 +104,31 @@ impl Prepared {
     }
 }
 
-/// The sample rows of the profiles `keep` selects (by position).
-fn sample_rows(
-    profiles: &[Profile],
-    series_ids: &[Id],
-    keep: impl Fn(usize) -> bool,
-) -> RecordBatch {
-    let kept = || {
-        profiles
-            .iter()
-            .zip(series_ids)
-            .enumerate()
-            .filter(|(i, _)| keep(*i))
+/// The rows ([`fathom_block::samples_schema`]) of `profiles`, in batches
+/// of about [`BATCH_ROWS`].
+fn sample_batches<'a>(profiles: impl Iterator<Item = &'a HeadSamples>) -> Vec<RecordBatch> {
+    let mut out = Vec::new();
+    let mut group: Vec<&HeadSamples> = Vec::new();
+    let mut rows = 0;
+    let finish = |group: &mut Vec<&HeadSamples>, rows: &mut usize, out: &mut Vec<RecordBatch>| {
+        let mut b = SamplesBuilder::with_capacity(*rows);
+        for p in group.drain(..) {
+            b.push_samples(&p.series_id, p.time_nanos, &p.profile_id, &p.samples);
+        }
+        out.push(b.finish());
+        *rows = 0;
     };
-    let mut b = SamplesBuilder::with_capacity(kept().map(|(_, (p, _))| p.samples.len()).sum());
-    for (_, (p, sid)) in kept() {
-        b.push_profile_as_is(p, sid);
+    for p in profiles.filter(|p| !p.samples.is_empty()) {
+        group.push(p);
+        rows += p.samples.len();
+        if rows >= BATCH_ROWS {
+            finish(&mut group, &mut rows, &mut out);
+        }
     }
-    b.finish()
+    if !group.is_empty() {
+        finish(&mut group, &mut rows, &mut out);
+    }
+    out
 }
 
 impl TenantHead {
@@ -103,56 +140,46 @@ impl TenantHead {
         self.apply_prepared(Prepared::new(batch))
     }
 
-    /// [`TenantHead::apply`] of a batch prepared outside the lock.
+    /// [`TenantHead::apply`] of a batch prepared outside the lock: each
+    /// new profile's sample vector moves into the head as it is.
     pub(crate) fn apply_prepared(&mut self, prepared: Prepared) -> usize {
         let Prepared {
             profiles,
             series_ids,
             tenant: _,
-            rows,
             symbols,
         } = prepared;
-        // Profiles already held (a retry, a replay) are left out.
-        let mut keep = Vec::with_capacity(profiles.len());
-        for (p, sid) in profiles.iter().zip(&series_ids) {
-            let new = self.profile_ids.insert(p.id);
-            keep.push(new);
-            if !new {
+        let mut chunk = Vec::with_capacity(profiles.len());
+        let mut added = 0usize;
+        for (p, sid) in profiles.into_iter().zip(series_ids) {
+            // Profiles already held (a retry, a replay) are left out.
+            if !self.profile_ids.insert(p.id) {
                 continue;
             }
             self.series
-                .entry(*sid)
-                .or_insert_with(|| SeriesRow::of(p))
+                .entry(sid)
+                .or_insert_with(|| SeriesRow::of(&p))
                 .include(p.time_nanos);
-            self.profiles.push(ProfileRow::of(p, *sid));
+            self.profiles.push(ProfileRow::of(&p, sid));
+            added += p.samples.len();
+            chunk.push(HeadSamples {
+                profile_id: p.id,
+                series_id: sid,
+                time_nanos: p.time_nanos,
+                samples: p.samples,
+            });
         }
-        // Rare: the rows are built again without them.
-        let rows = if keep.iter().all(|&k| k) {
-            rows
-        } else {
-            sample_rows(&profiles, &series_ids, |i| keep[i])
-        };
-        let added = rows.num_rows();
         if added == 0 {
             return 0;
         }
         let before = self.symbols.stacks.len() + self.symbols.locations.len();
         self.symbols.merge_owned(symbols);
         let new_syms = self.symbols.stacks.len() + self.symbols.locations.len() - before;
-        self.recent.push(rows);
-        if self.recent.len() >= RECENT_BATCHES {
-            match arrow::compute::concat_batches(&samples_schema(), &self.recent) {
-                Ok(chunk) => {
-                    self.samples.push(chunk);
-                    self.recent.clear();
-                }
-                Err(e) => tracing::warn!(error = %e, "could not concatenate head batches"),
-            }
-        }
+        self.chunks.push(chunk.into());
         self.sample_rows += added;
-        // 56 bytes a sample row, ~200 bytes a symbol entry: an estimate
-        // for the size trigger, not an account.
-        self.bytes += added * 56 + new_syms * 200 + 100;
+        // ~200 bytes a symbol entry: an estimate for the size trigger,
+        // not an account.
+        self.bytes += added * ROW_BYTES_READ + new_syms * 200 + 100;
         added
     }
 
@@ -164,15 +191,15 @@ impl TenantHead {
             compacted_from: Vec::new(),
             series: self.series.values().cloned().collect(),
             profiles: self.profiles.clone(),
-            samples: self.batches().cloned().collect(),
+            samples: self.batches(),
             symbols: self.symbols.clone(),
             rollup_widths_nanos: Vec::new(),
         }
     }
 
-    /// Every sample batch, old chunks first.
-    pub(crate) fn batches(&self) -> impl Iterator<Item = &RecordBatch> {
-        self.samples.iter().chain(self.recent.iter())
+    /// Every sample as rows, oldest write first.
+    pub(crate) fn batches(&self) -> Vec<RecordBatch> {
+        sample_batches(self.chunks.iter().flat_map(|c| c.iter()))
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -189,14 +216,23 @@ impl TenantHead {
 pub struct HeadSnapshot {
     pub series: Vec<SeriesRow>,
     pub profiles: Vec<ProfileRow>,
-    /// Rows in `fathom_block::samples_schema()`; travel as Flight batches,
-    /// not in the metadata.
+    /// Rows in `fathom_block::samples_schema()` of the profiles in
+    /// `profiles`; travel as Flight batches, not in the metadata.
     #[serde(skip)]
     pub samples: Vec<RecordBatch>,
 }
 
 impl HeadSnapshot {
-    pub(crate) fn extend_from(&mut self, h: &TenantHead, start: i64, end: i64) {
+    /// Takes `h`'s series and profiles in `[start, end]`, and its sample
+    /// chunks into `chunks` (shared, not copied): the part of a snapshot
+    /// done under the head's lock.
+    pub(crate) fn extend_from(
+        &mut self,
+        h: &TenantHead,
+        start: i64,
+        end: i64,
+        chunks: &mut Vec<Chunk>,
+    ) {
         self.series.extend(
             h.series
                 .values()
@@ -209,7 +245,18 @@ impl HeadSnapshot {
                 .filter(|p| p.time_nanos >= start && p.time_nanos <= end)
                 .cloned(),
         );
-        self.samples.extend(h.batches().cloned());
+        chunks.extend(h.chunks.iter().cloned());
+    }
+
+    /// Adds the rows of the profiles of `chunks` in `[start, end]`: the
+    /// part of a snapshot done after the lock is released.
+    pub(crate) fn add_samples(&mut self, chunks: &[Chunk], start: i64, end: i64) {
+        self.samples.extend(sample_batches(
+            chunks
+                .iter()
+                .flat_map(|c| c.iter())
+                .filter(|p| p.time_nanos >= start && p.time_nanos <= end),
+        ));
     }
 }
 
@@ -237,6 +284,7 @@ mod tests {
     fn values(h: &TenantHead) -> Vec<i64> {
         let mut v: Vec<i64> = h
             .batches()
+            .iter()
             .flat_map(|b| b.column(4).as_primitive::<Int64Type>().values().to_vec())
             .collect();
         v.sort_unstable();
@@ -273,5 +321,56 @@ mod tests {
         assert!(p.symbols.is_empty());
         assert_eq!(h.apply_prepared(p), 0);
         assert_eq!(values(&h), [10, 20, 30]);
+    }
+
+    /// A snapshot's rows are those of its profiles: one a sample, in
+    /// the range asked for, each repeating its profile's series, time
+    /// and id; a long read is cut into batches of about `BATCH_ROWS`.
+    #[test]
+    fn a_snapshot_reads_the_rows_of_its_profiles_in_range() {
+        let mut h = TenantHead::default();
+        let mut big = batch(&[(1, 10)]);
+        let stack = big.profiles[0].samples[0].stack;
+        big.profiles[0].samples = (0..BATCH_ROWS as i64 + 5)
+            .map(|value| Sample { stack, value })
+            .collect();
+        h.apply(big);
+        h.apply(batch(&[(2, 20), (3, 30)]));
+        let (start, end) = (1_002, i64::MAX);
+        let mut snap = HeadSnapshot::default();
+        let mut chunks = Vec::new();
+        snap.extend_from(&h, start, end, &mut chunks);
+        snap.add_samples(&chunks, start, end);
+        assert_eq!(snap.profiles.len(), 2, "profiles 2 and 3, at 1002 and 1003");
+        let rows: Vec<(Id, i64, Id, i64)> = snap
+            .samples
+            .iter()
+            .flat_map(|b| {
+                let id = |c: usize, i: usize| {
+                    Id(b.column(c)
+                        .as_fixed_size_binary()
+                        .value(i)
+                        .try_into()
+                        .unwrap())
+                };
+                let time = b.column(1).as_primitive::<Int64Type>();
+                let value = b.column(4).as_primitive::<Int64Type>();
+                (0..b.num_rows())
+                    .map(|i| (id(0, i), time.value(i), id(2, i), value.value(i)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let want: Vec<(Id, i64, Id, i64)> = snap
+            .profiles
+            .iter()
+            .zip([20, 30])
+            .map(|(p, v)| (p.series_id, p.time_nanos, p.profile_id, v))
+            .collect();
+        assert_eq!(rows, want);
+        // The whole head: the long profile, then the two short ones.
+        let all = h.batches();
+        let sizes: Vec<usize> = all.iter().map(|b| b.num_rows()).collect();
+        assert_eq!(sizes, [BATCH_ROWS + 5, 2]);
+        assert_eq!(h.sample_rows, BATCH_ROWS + 7);
     }
 }

@@ -70,8 +70,8 @@ use prometheus_client::registry::Registry;
 pub use fathom_api::ticket::{HeadTicket, MAX_HEAD_STACKS};
 pub use flight::{HeadFlight, flight_service};
 pub use grpc::{WriteServer, write_service};
-pub use head::HeadSnapshot;
 use head::TenantHead;
+pub use head::{HEAD_SAMPLE_BYTES, HeadSnapshot};
 pub use remote::{FlightHeads, ReadError};
 pub use wal::WalError;
 use wal::{Wal, WalMetrics};
@@ -655,16 +655,21 @@ impl Ingester {
     /// The head data of `tenant` in `[start, end]` (nanoseconds), including
     /// heads being flushed.
     pub fn snapshot(&self, tenant: &TenantId, start: i64, end: i64) -> HeadSnapshot {
-        let st = self.state.read();
         let mut out = HeadSnapshot::default();
-        if let Some(h) = st.active.get(tenant.as_str()) {
-            out.extend_from(h, start, end);
-        }
-        for p in &st.pending {
-            if let Some(h) = p.heads.get(tenant.as_str()) {
-                out.extend_from(h, start, end);
+        let mut chunks = Vec::new();
+        {
+            let st = self.state.read();
+            if let Some(h) = st.active.get(tenant.as_str()) {
+                out.extend_from(h, start, end, &mut chunks);
+            }
+            for p in &st.pending {
+                if let Some(h) = p.heads.get(tenant.as_str()) {
+                    out.extend_from(h, start, end, &mut chunks);
+                }
             }
         }
+        // The rows are built with no lock held: writers go on meanwhile.
+        out.add_samples(&chunks, start, end);
         out
     }
 

@@ -39,9 +39,10 @@ use fathom_model::{IngestBatch, Labels, TenantId};
 use fathom_pprof::{Limits, NormalizeOptions, decode, decode_and_normalize, normalize};
 use prost::Message;
 
-/// Bytes of one row of a head's sample table (`fathom_block::samples_schema`:
-/// series, profile and stack ids of 16 bytes, time and value of 8).
-const HEAD_ROW_BYTES: usize = 64;
+/// Bytes a head holds for one sample (`fathom_ingester::HEAD_SAMPLE_BYTES`:
+/// a stack id of 16 bytes and a value of 8; the ingester depends on this
+/// crate, so the width is spelled here).
+const HEAD_ROW_BYTES: usize = std::mem::size_of::<fathom_model::Sample>();
 
 /// Every protobuf pprof of the corpus with an expectation, uncompressed.
 fn corpus() -> Vec<Vec<u8>> {
@@ -147,7 +148,7 @@ fn main() {
     let rows: usize = batches.iter().map(IngestBatch::sample_count).sum();
     let stacks: usize = batches.iter().map(|b| b.symbols.stacks.len()).sum();
     println!(
-        "info: {rows} sample rows ({:.1} bytes of pprof a row; a head row is {HEAD_ROW_BYTES} bytes), {stacks} stacks (summed over files)",
+        "info: {rows} sample rows ({:.1} bytes of pprof a row; a head holds {HEAD_ROW_BYTES} bytes a sample), {stacks} stacks (summed over files)",
         total as f64 / rows.max(1) as f64,
     );
     let v4_total: usize = records.iter().map(Vec::len).sum();
