@@ -1,5 +1,9 @@
 //! The per-tenant in-memory head: what has been acknowledged and not yet
-//! cut into a block, in the same row layout as a block's sample table.
+//! cut into a block. A profile's samples stay in the vector they were
+//! decoded into (stack id and value, 24 bytes a sample); the series,
+//! time and profile id a block's sample row repeats are held once a
+//! profile, and the rows of a block's sample table are built when the
+//! head is read (a snapshot) or cut, not on the write path.
 
 use std::sync::Arc;
 
@@ -183,27 +187,49 @@ impl TenantHead {
         added
     }
 
-    pub(crate) fn to_block(&self, tenant: String, source: String) -> BlockData {
-        BlockData {
-            tenant,
-            source,
-            level: 0,
-            compacted_from: Vec::new(),
-            series: self.series.values().cloned().collect(),
-            profiles: self.profiles.clone(),
-            samples: self.batches(),
-            symbols: self.symbols.clone(),
-            rollup_widths_nanos: Vec::new(),
+    /// The block of this head, its sample rows not yet built
+    /// ([`UnbuiltBlock::build`], CPU work for the blocking pool).
+    pub(crate) fn to_block(&self, tenant: String, source: String) -> UnbuiltBlock {
+        UnbuiltBlock {
+            data: BlockData {
+                tenant,
+                source,
+                level: 0,
+                compacted_from: Vec::new(),
+                series: self.series.values().cloned().collect(),
+                profiles: self.profiles.clone(),
+                samples: Vec::new(),
+                symbols: self.symbols.clone(),
+                rollup_widths_nanos: Vec::new(),
+            },
+            chunks: self.chunks.clone(),
         }
     }
 
     /// Every sample as rows, oldest write first.
+    #[cfg(test)]
     pub(crate) fn batches(&self) -> Vec<RecordBatch> {
         sample_batches(self.chunks.iter().flat_map(|c| c.iter()))
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         self.profiles.is_empty()
+    }
+}
+
+/// A head's block before its sample rows are built: everything else
+/// copied, the samples shared with the head.
+pub(crate) struct UnbuiltBlock {
+    data: BlockData,
+    chunks: Vec<Chunk>,
+}
+
+impl UnbuiltBlock {
+    /// The block with its sample rows.
+    pub(crate) fn build(self) -> BlockData {
+        let UnbuiltBlock { mut data, chunks } = self;
+        data.samples = sample_batches(chunks.iter().flat_map(|c| c.iter()));
+        data
     }
 }
 
