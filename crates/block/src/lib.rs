@@ -42,7 +42,7 @@ pub use schema::{
     ProfileRow, SeriesRow, columns, profiles_schema, rollup_schema, samples_schema, series_schema,
     stacks_schema,
 };
-pub use write::{BlockData, SamplesBuilder, encode_block, write_block};
+pub use write::{BlockData, SamplesBuilder, encode_block, samples_batch, write_block};
 
 use object_store::path::Path;
 

@@ -1,9 +1,10 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayBuilder, ArrayRef, FixedSizeBinaryBuilder, Int64Array, Int64Builder, ListBuilder,
-    RecordBatch, StringArray, UInt64Array,
+    ArrayBuilder, ArrayRef, FixedSizeBinaryArray, FixedSizeBinaryBuilder, Int64Array, Int64Builder,
+    ListBuilder, RecordBatch, StringArray, UInt64Array,
 };
+use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
 use fathom_model::{Id, Profile, SERVICE_NAME, Sample, Symbols};
@@ -63,17 +64,6 @@ impl SamplesBuilder {
         }
     }
 
-    /// Appends the rows of one profile's `samples`, in their order, for a
-    /// caller that holds them apart from their profile (the head:
-    /// nothing reading a head needs its rows in any order, and
-    /// [`BlockData::samples`] need not be sorted, so sorting each profile
-    /// would be wasted).
-    pub fn push_samples(&mut self, series: &Id, time: i64, profile: &Id, samples: &[Sample]) {
-        for s in samples {
-            self.push(series, time, profile, &s.stack, s.value);
-        }
-    }
-
     pub fn len(&self) -> usize {
         self.time.len()
     }
@@ -93,6 +83,44 @@ impl SamplesBuilder {
         // Columns match the schema by construction.
         RecordBatch::try_new(samples_schema(), cols).expect("samples batch matches its schema")
     }
+}
+
+/// One [`samples_schema`] batch of `rows` rows from runs of samples that
+/// share their series, time and profile (`(series, time, profile,
+/// samples)`, rows in the runs' order): for a caller that holds samples
+/// apart from their profile (the head; nothing reading a head needs its
+/// rows in any order, and [`BlockData::samples`] need not be sorted).
+/// Writes each column in one pass; `rows` is the runs' samples in all.
+pub fn samples_batch<'a>(
+    rows: usize,
+    runs: impl IntoIterator<Item = (&'a Id, i64, &'a Id, &'a [Sample])>,
+) -> RecordBatch {
+    let mut series = Vec::with_capacity(rows * 16);
+    let mut time = Vec::with_capacity(rows);
+    let mut profile = Vec::with_capacity(rows * 16);
+    let mut stack = Vec::with_capacity(rows * 16);
+    let mut value = Vec::with_capacity(rows);
+    for (s, t, p, samples) in runs {
+        for x in samples {
+            series.extend_from_slice(&s.0);
+            profile.extend_from_slice(&p.0);
+            stack.extend_from_slice(&x.stack.0);
+            value.push(x.value);
+        }
+        time.resize(time.len() + samples.len(), t);
+    }
+    let ids = |v: Vec<u8>| -> ArrayRef {
+        Arc::new(FixedSizeBinaryArray::new(16, Buffer::from_vec(v), None))
+    };
+    let cols: Vec<ArrayRef> = vec![
+        ids(series),
+        Arc::new(Int64Array::from(time)),
+        ids(profile),
+        ids(stack),
+        Arc::new(Int64Array::from(value)),
+    ];
+    // Columns of equal length, matching the schema by construction.
+    RecordBatch::try_new(samples_schema(), cols).expect("samples batch matches its schema")
 }
 
 /// Everything one block holds, before encoding.
@@ -442,4 +470,36 @@ pub async fn write_block(
         )
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass batch holds the rows a row-at-a-time builder makes of
+    /// the same runs, in the same order.
+    #[test]
+    fn samples_batch_matches_the_row_builder() {
+        let id = |b: u8| Id([b; 16]);
+        let sample = |b: u8, value: i64| Sample {
+            stack: id(b),
+            value,
+        };
+        let a = [sample(10, 1), sample(11, -2), sample(12, i64::MAX)];
+        let b = [sample(13, 4)];
+        let runs = [
+            (id(1), 100, id(2), &a[..]),
+            (id(3), 200, id(4), &[][..]),
+            (id(5), -7, id(6), &b[..]),
+        ];
+        let mut want = SamplesBuilder::default();
+        for (s, t, p, samples) in &runs {
+            for x in *samples {
+                want.push(s, *t, p, &x.stack, x.value);
+            }
+        }
+        let got = samples_batch(4, runs.iter().map(|(s, t, p, x)| (s, *t, p, *x)));
+        assert_eq!(got, want.finish());
+        assert_eq!(got.num_rows(), 4);
+    }
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use fathom_block::{BlockData, ProfileRow, SamplesBuilder, SeriesRow};
+use fathom_block::{BlockData, ProfileRow, SeriesRow, samples_batch};
 use fathom_model::{Id, IdMap, IdSet, IngestBatch, Profile, Sample, Symbols};
 
 /// Rows of one batch a head's samples are read as (a snapshot, a cut);
@@ -115,11 +115,12 @@ fn sample_batches<'a>(profiles: impl Iterator<Item = &'a HeadSamples>) -> Vec<Re
     let mut group: Vec<&HeadSamples> = Vec::new();
     let mut rows = 0;
     let finish = |group: &mut Vec<&HeadSamples>, rows: &mut usize, out: &mut Vec<RecordBatch>| {
-        let mut b = SamplesBuilder::with_capacity(*rows);
-        for p in group.drain(..) {
-            b.push_samples(&p.series_id, p.time_nanos, &p.profile_id, &p.samples);
-        }
-        out.push(b.finish());
+        out.push(samples_batch(
+            *rows,
+            group
+                .drain(..)
+                .map(|p| (&p.series_id, p.time_nanos, &p.profile_id, &p.samples[..])),
+        ));
         *rows = 0;
     };
     for p in profiles.filter(|p| !p.samples.is_empty()) {
