@@ -15,11 +15,11 @@ use fathom_model::{Id, IdMap, IdSet, IngestBatch, Profile, Sample, Symbols};
 /// a profile with more rows is one batch of its own.
 const BATCH_ROWS: usize = 1 << 16;
 
-/// What one sample row weighs once read or cut into a block (the
-/// samples schema's 64 bytes, less what the Parquet writer shares), for
-/// the head's size estimate: the head holds 24 bytes a sample, but a
-/// cut and a snapshot of a whole head materialize the wide rows, so
-/// `--max-head-size` and `--max-head-memory` count them at that width.
+/// What the head's size estimate counts a sample at: the figure it used
+/// when it held 64-byte rows, kept so that blocks are cut at the same
+/// sizes. The head holds 24 bytes a sample, but a cut or a snapshot of a
+/// whole head builds the wide rows, so `--max-head-size` and
+/// `--max-head-memory` count that width rather than what is held.
 const ROW_BYTES_READ: usize = 56;
 
 /// The bytes a head holds for one sample: its stack id and value, in
@@ -67,8 +67,10 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    /// Makes `batch` ready: series ids, and sample vectors with room to
-    /// spare (a decoder's growth) trimmed, as the head keeps them.
+    /// Makes `batch` ready: series ids, and a sample vector with more
+    /// than an eighth to spare (a decoder's growth) reallocated to its
+    /// length, since the head keeps it (an allocator may keep a block in
+    /// place when less than half of it is spare).
     pub(crate) fn new(batch: IngestBatch) -> Self {
         let IngestBatch {
             tenant,
@@ -108,30 +110,32 @@ impl Prepared {
     }
 }
 
-/// The rows ([`fathom_block::samples_schema`]) of `profiles`, in batches
-/// of about [`BATCH_ROWS`].
-fn sample_batches<'a>(profiles: impl Iterator<Item = &'a HeadSamples>) -> Vec<RecordBatch> {
+/// The rows ([`fathom_block::samples_schema`]) of the profiles of
+/// `chunks` that `keep` selects, in batches of about [`BATCH_ROWS`].
+fn sample_batches(chunks: &[Chunk], keep: impl Fn(&HeadSamples) -> bool) -> Vec<RecordBatch> {
+    let batch = |group: &[&HeadSamples], rows| {
+        samples_batch(
+            rows,
+            group
+                .iter()
+                .map(|p| (&p.series_id, p.time_nanos, &p.profile_id, &p.samples[..])),
+        )
+    };
     let mut out = Vec::new();
     let mut group: Vec<&HeadSamples> = Vec::new();
     let mut rows = 0;
-    let finish = |group: &mut Vec<&HeadSamples>, rows: &mut usize, out: &mut Vec<RecordBatch>| {
-        out.push(samples_batch(
-            *rows,
-            group
-                .drain(..)
-                .map(|p| (&p.series_id, p.time_nanos, &p.profile_id, &p.samples[..])),
-        ));
-        *rows = 0;
-    };
-    for p in profiles.filter(|p| !p.samples.is_empty()) {
+    let kept = chunks.iter().flat_map(|c| c.iter());
+    for p in kept.filter(|p| !p.samples.is_empty() && keep(p)) {
         group.push(p);
         rows += p.samples.len();
         if rows >= BATCH_ROWS {
-            finish(&mut group, &mut rows, &mut out);
+            out.push(batch(&group, rows));
+            group.clear();
+            rows = 0;
         }
     }
     if !group.is_empty() {
-        finish(&mut group, &mut rows, &mut out);
+        out.push(batch(&group, rows));
     }
     out
 }
@@ -210,7 +214,7 @@ impl TenantHead {
     /// Every sample as rows, oldest write first.
     #[cfg(test)]
     pub(crate) fn batches(&self) -> Vec<RecordBatch> {
-        sample_batches(self.chunks.iter().flat_map(|c| c.iter()))
+        sample_batches(&self.chunks, |_| true)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -229,7 +233,7 @@ impl UnbuiltBlock {
     /// The block with its sample rows.
     pub(crate) fn build(self) -> BlockData {
         let UnbuiltBlock { mut data, chunks } = self;
-        data.samples = sample_batches(chunks.iter().flat_map(|c| c.iter()));
+        data.samples = sample_batches(&chunks, |_| true);
         data
     }
 }
@@ -278,12 +282,9 @@ impl HeadSnapshot {
     /// Adds the rows of the profiles of `chunks` in `[start, end]`: the
     /// part of a snapshot done after the lock is released.
     pub(crate) fn add_samples(&mut self, chunks: &[Chunk], start: i64, end: i64) {
-        self.samples.extend(sample_batches(
-            chunks
-                .iter()
-                .flat_map(|c| c.iter())
-                .filter(|p| p.time_nanos >= start && p.time_nanos <= end),
-        ));
+        self.samples.extend(sample_batches(chunks, |p| {
+            p.time_nanos >= start && p.time_nanos <= end
+        }));
     }
 }
 
