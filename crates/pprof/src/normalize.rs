@@ -939,18 +939,23 @@ impl<'a> Normalizer<'a> {
         for ser in &series {
             let labels_string = ser.labels.to_string();
             for (t, ty) in types.iter().enumerate() {
-                let samples: Vec<Sample> = ser
-                    .stacks
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(slot, &stack)| {
-                        let value = ser.values[slot * ntypes + t];
-                        (value != 0).then_some(Sample { stack, value })
-                    })
-                    .collect();
-                if samples.is_empty() {
+                // The type's values, and how many are not zero: the
+                // vector is allocated at its final size, since a head
+                // keeps it as it is (grown by doubling, it would be
+                // copied about twice and then trimmed).
+                let values = ser.values.chunks_exact(ntypes).map(|row| row[t]);
+                let kept = values.clone().filter(|&v| v != 0).count();
+                if kept == 0 {
                     continue;
                 }
+                let mut samples: Vec<Sample> = Vec::with_capacity(kept);
+                samples.extend(
+                    ser.stacks
+                        .iter()
+                        .zip(values)
+                        .filter(|&(_, value)| value != 0)
+                        .map(|(&stack, value)| Sample { stack, value }),
+                );
                 profiles.push(Profile {
                     id: profile_id(&self.opts.profile_id_seed, &type_strings[t], &labels_string),
                     profile_type: ty.clone(),
@@ -1282,6 +1287,11 @@ mod tests {
                 ),
             ]
         );
+        // A head keeps each sample vector as it is: none has room to
+        // spare, zero values (the /b series' `samples` type) left out.
+        for x in &n.profiles {
+            assert_eq!(x.samples.capacity(), x.samples.len(), "{}", x.labels);
+        }
         let first = &n.profiles[0];
         assert_eq!(first.time_nanos, 77);
         assert_eq!(first.period, 10);
