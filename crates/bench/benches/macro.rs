@@ -398,7 +398,9 @@ async fn ingest_bench(dir: &Path) {
     let srv = start(dir).await;
     let (_, rss_before) = rss_mib();
     let rows_before = counter(&srv.url(), HEAD_ROWS).await;
+    let cpu_before = process_cpu_secs();
     let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_secs()).await;
+    let busy = (process_cpu_secs() - cpu_before) / el;
     let (_, rss_after) = rss_mib();
     let rows = counter(&srv.url(), HEAD_ROWS).await - rows_before;
     let cores = cores();
@@ -407,6 +409,11 @@ async fn ingest_bench(dir: &Path) {
         mbs / cores as f64,
     );
     print_prost_ratio("ingest_single_process", mbs / cores as f64, prost);
+    let per_busy = mbs / busy;
+    println!(
+        "figure ingest_single_process_per_busy_core: {per_busy:.1} MB/s per core the process kept busy ({busy:.2} of {cores} cores over the run: the server and its clients, user and system CPU time); ratio {:.2} to the bare prost decode above (the per-core figure counts idle cores too: each client waits for its acknowledgement before sending again)",
+        per_busy / prost.max(f64::MIN_POSITIVE),
+    );
     let acked_mib = mbs * el * 1e6 / (1024.0 * 1024.0);
     println!(
         "figure head_rss_per_ingested_byte: {:.3} (process RSS {rss_before:.0} MiB with the server ready and empty, {rss_after:.0} MiB after the /ingest run, before any flush; {acked_mib:.0} MiB of pprof acknowledged)",
@@ -1162,6 +1169,21 @@ async fn counter(url: &str, name: &str) -> f64 {
 
 /// Peak and current resident set of this process, in MiB (`VmHWM`,
 /// `VmRSS`).
+/// The CPU time this process has used so far, user and system, every
+/// thread, in seconds (NaN if the kernel does not say).
+#[allow(unsafe_code)]
+fn process_cpu_secs() -> f64 {
+    // SAFETY: `rusage` is plain data, for which all zeros is a value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one `rusage` to the pointer it is given,
+    // which points at one.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
 fn rss_mib() -> (f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
