@@ -187,9 +187,10 @@ fn normalize_protobuf(
     }
     let counts = wire::prescan(data).ok()?;
     check_counts(&counts, limits).ok()?;
-    let (p, budget) = wire::decode_tables(data, &counts, limits.max_decoded_bytes, false).ok()?;
+    let (p, budget, strings) =
+        wire::decode_tables(data, &counts, limits.max_decoded_bytes, false).ok()?;
     // Everything but the samples, which are checked as they are read.
-    validate(&p, limits).ok()?;
+    validate_with_strings(&p, strings.len(), strings.first().copied(), limits).ok()?;
     // The frames are at most the sample bytes; what is reserved for them
     // up front stays within what is left of the decode budget.
     let frames = counts
@@ -197,9 +198,9 @@ fn normalize_protobuf(
         .min(budget.left() / std::mem::size_of::<u32>());
     let mut samples = CheckedSamples {
         wire: wire::WireSamples::new(data, budget),
-        strings: p.string_table.len(),
+        strings: strings.len(),
     };
-    let n = crate::normalize::Normalizer::new(&p, opts, counts.samples, frames).ok()?;
+    let n = crate::normalize::Normalizer::new(&p, &strings, opts, counts.samples, frames).ok()?;
     n.run(&mut samples).ok()
 }
 
@@ -263,18 +264,34 @@ fn decode_protobuf(data: &[u8], limits: &Limits) -> Result<pprof::Profile, Decod
 /// [`decode`] already calls this; it is public for profiles built or
 /// modified in memory.
 pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> {
+    validate_with_strings(
+        p,
+        p.string_table.len(),
+        p.string_table.first().map(String::as_str),
+        limits,
+    )
+}
+
+/// [`validate`] of a profile whose string table is held apart (`len`
+/// strings, the first `first`), as the one pass of
+/// [`decode_and_normalize`] borrows it from the request's bytes.
+fn validate_with_strings(
+    p: &pprof::Profile,
+    len: usize,
+    first: Option<&str>,
+    limits: &Limits,
+) -> Result<(), DecodeError> {
     check_limit("sample types", p.sample_type.len(), limits.max_sample_types)?;
     check_limit("samples", p.sample.len(), limits.max_samples)?;
     check_limit("mappings", p.mapping.len(), limits.max_mappings)?;
     check_limit("locations", p.location.len(), limits.max_locations)?;
     check_limit("functions", p.function.len(), limits.max_functions)?;
-    check_limit("strings", p.string_table.len(), limits.max_strings)?;
-    if let Some(first) = p.string_table.first()
+    check_limit("strings", len, limits.max_strings)?;
+    if let Some(first) = first
         && !first.is_empty()
     {
-        return Err(DecodeError::StringTableStart(first.clone()));
+        return Err(DecodeError::StringTableStart(first.to_owned()));
     }
-    let len = p.string_table.len();
     let check = |index: i64, what: &dyn Fn() -> String| -> Result<(), DecodeError> {
         if index == 0 || usize::try_from(index).is_ok_and(|i| i < len) {
             Ok(())

@@ -355,7 +355,8 @@ pub fn normalize(
     opts: &NormalizeOptions,
 ) -> Result<Normalized, NormalizeError> {
     let frames = p.sample.iter().map(|s| s.location_id.len()).sum();
-    let n = Normalizer::new(p, opts, p.sample.len(), frames)?;
+    let strings: Vec<&str> = p.string_table.iter().map(String::as_str).collect();
+    let n = Normalizer::new(p, &strings, opts, p.sample.len(), frames)?;
     let mut samples = ProfileSamples(p.sample.iter());
     n.run(&mut samples).map_err(|e| match e {
         Stopped::Normalize(e) => e,
@@ -394,6 +395,9 @@ impl<E> From<NormalizeError> for Stopped<E> {
 
 pub(crate) struct Normalizer<'a> {
     p: &'a pprof::Profile,
+    /// The profile's string table (`p.string_table` is not read: the
+    /// one pass of decode borrows the strings from the request instead).
+    strings: &'a [&'a str],
     opts: &'a NormalizeOptions,
     /// pprof location id → (position, model id and index among
     /// `frame_index.locations` once computed).
@@ -427,6 +431,7 @@ impl<'a> Normalizer<'a> {
     /// 2 % in copies and fresh pages).
     pub(crate) fn new(
         p: &'a pprof::Profile,
+        strings: &'a [&'a str],
         opts: &'a NormalizeOptions,
         samples: usize,
         frames: usize,
@@ -434,6 +439,7 @@ impl<'a> Normalizer<'a> {
         let bad = |what| move |_: IndexError| NormalizeError::BadIds { what };
         Ok(Normalizer {
             p,
+            strings,
             opts,
             locations: IdTable::new(
                 IdIndex::new(p.location.iter().map(|l| l.id)).map_err(bad("location"))?,
@@ -456,14 +462,14 @@ impl<'a> Normalizer<'a> {
     }
 
     fn string(&self, index: i64, what: &'static str) -> Result<&'a str, NormalizeError> {
-        let t = &self.p.string_table;
+        let t = self.strings;
         if index == 0 {
-            return Ok(t.first().map_or("", String::as_str));
+            return Ok(t.first().copied().unwrap_or(""));
         }
         usize::try_from(index)
             .ok()
             .and_then(|i| t.get(i))
-            .map(String::as_str)
+            .copied()
             .ok_or(NormalizeError::StringIndex {
                 what,
                 index,
@@ -627,6 +633,7 @@ impl<'a> Normalizer<'a> {
     fn tables(&mut self) {
         let Normalizer {
             p,
+            strings,
             fn_index,
             map_index,
             fn_ids,
@@ -638,11 +645,12 @@ impl<'a> Normalizer<'a> {
         } = self;
         let p: &pprof::Profile = p;
         // The owned string at a string table index already checked.
+        let strings: &[&str] = strings;
         let owned = |index: i64| -> String {
             usize::try_from(index)
                 .ok()
-                .and_then(|i| p.string_table.get(i))
-                .cloned()
+                .and_then(|i| strings.get(i))
+                .map(|s| (*s).to_owned())
                 .unwrap_or_default()
         };
         let n = fi.locations.len();

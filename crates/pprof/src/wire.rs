@@ -435,10 +435,8 @@ fn function(b: &[u8]) -> Result<pprof::Function, Bad> {
 
 /// A string-table entry; invalid UTF-8 is refused (`at` is the entry's
 /// offset in the message, for the error).
-fn string(b: &[u8], at: usize) -> Result<String, Bad> {
-    std::str::from_utf8(b)
-        .map(str::to_owned)
-        .map_err(|_| bad("string table entry is not valid UTF-8", 6, at))
+fn string(b: &[u8], at: usize) -> Result<&str, Bad> {
+    std::str::from_utf8(b).map_err(|_| bad("string table entry is not valid UTF-8", 6, at))
 }
 
 /// Decodes a profile whose framing [`prescan`] accepted, with `counts`
@@ -449,18 +447,23 @@ pub(crate) fn decode_profile(
     counts: &Counts,
     max_bytes: usize,
 ) -> Result<pprof::Profile, WireError> {
-    decode_tables(b, counts, max_bytes, true).map(|(p, _)| p)
+    decode_tables(b, counts, max_bytes, true).map(|(mut p, _, strings)| {
+        p.string_table = strings.into_iter().map(str::to_owned).collect();
+        p
+    })
 }
 
 /// [`decode_profile`], with its samples (field 2) decoded when `samples`,
 /// else left on the wire (their memory is still counted up front, as
-/// [`WireSamples`] then counts the rest); also returns the budget.
-pub(crate) fn decode_tables(
-    b: &[u8],
+/// [`WireSamples`] then counts the rest); also returns the budget. The
+/// string table is returned apart, borrowed from `b` (checked UTF-8, one
+/// vector, no allocation a string), and the profile's is left empty.
+pub(crate) fn decode_tables<'b>(
+    b: &'b [u8],
     counts: &Counts,
     max_bytes: usize,
     samples: bool,
-) -> Result<(pprof::Profile, Budget), WireError> {
+) -> Result<(pprof::Profile, Budget, Vec<&'b str>), WireError> {
     let mut budget = Budget {
         used: 0,
         limit: max_bytes,
@@ -479,9 +482,9 @@ pub(crate) fn decode_tables(
         mapping: Vec::with_capacity(counts.mappings),
         location: Vec::with_capacity(counts.locations),
         function: Vec::with_capacity(counts.functions),
-        string_table: Vec::with_capacity(counts.strings),
         ..Default::default()
     };
+    let mut strings = Vec::with_capacity(counts.strings);
     for f in fields(b) {
         let f = f?;
         match f.number {
@@ -513,7 +516,7 @@ pub(crate) fn decode_tables(
                 want(&f, 2)?;
                 budget.take(f.payload.len())?;
                 let at = (f.payload.as_ptr() as usize).saturating_sub(b.as_ptr() as usize);
-                p.string_table.push(string(f.payload, at)?);
+                strings.push(string(f.payload, at)?);
             }
             7 => p.drop_frames = int(&f)?,
             8 => p.keep_frames = int(&f)?,
@@ -534,7 +537,7 @@ pub(crate) fn decode_tables(
             _ => {}
         }
     }
-    Ok((p, budget))
+    Ok((p, budget, strings))
 }
 
 /// The samples of a profile read one at a time from its bytes into one
