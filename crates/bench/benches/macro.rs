@@ -173,7 +173,9 @@ fn bodies(protocol: Protocol) -> Vec<Body> {
         .map(|pprof| {
             let pprof_len = pprof.len() as u64;
             let bytes = match protocol {
-                Protocol::Ingest | Protocol::PushV1 => bytes::Bytes::from(pprof.to_vec()),
+                Protocol::Ingest | Protocol::PushV1 => {
+                    bytes::Bytes::from(Arc::unwrap_or_clone(pprof))
+                }
                 Protocol::Otlp => {
                     let limits = fathom_pprof::Limits::default();
                     let p = fathom_pprof::decode(&pprof, &limits).expect("corpus pprof");
@@ -1167,8 +1169,6 @@ async fn counter(url: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{url}/metrics has no {name}"))
 }
 
-/// Peak and current resident set of this process, in MiB (`VmHWM`,
-/// `VmRSS`).
 /// The CPU time this process has used so far, user and system, every
 /// thread, in seconds (NaN if the kernel does not say).
 #[allow(unsafe_code)]
@@ -1184,6 +1184,8 @@ fn process_cpu_secs() -> f64 {
     secs(u.ru_utime) + secs(u.ru_stime)
 }
 
+/// Peak and current resident set of this process, in MiB (`VmHWM`,
+/// `VmRSS`).
 fn rss_mib() -> (f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
