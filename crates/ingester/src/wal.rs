@@ -234,6 +234,8 @@ fn replay_segment(
 fn writer(dir: PathBuf, mut seg: u64, mut file: File, rx: mpsc::Receiver<Cmd>, m: WalMetrics) {
     let mut pending: Vec<oneshot::Sender<Result<(), WalError>>> = Vec::new();
     let mut buf = Vec::new();
+    // Bytes written to the current segment (it starts empty).
+    let mut written = 0u64;
     while let Ok(first) = rx.recv() {
         let mut cmds = vec![first];
         while let Ok(c) = rx.try_recv() {
@@ -252,32 +254,60 @@ fn writer(dir: PathBuf, mut seg: u64, mut file: File, rx: mpsc::Receiver<Cmd>, m
                     pending.push(done);
                 }
                 Cmd::Rotate(done) => {
-                    let r =
-                        commit(&dir, seg, &mut file, &mut buf, &mut pending, &m).and_then(|()| {
-                            seg += 1;
-                            file = create_segment(&dir, seg)?;
-                            Ok(seg)
-                        });
+                    let r = commit(
+                        &dir,
+                        seg,
+                        &mut file,
+                        &mut written,
+                        &mut buf,
+                        &mut pending,
+                        &m,
+                    )
+                    .and_then(|()| {
+                        seg += 1;
+                        file = create_segment(&dir, seg)?;
+                        written = 0;
+                        Ok(seg)
+                    });
                     let _ = done.send(r);
                 }
             }
         }
-        let _ = commit(&dir, seg, &mut file, &mut buf, &mut pending, &m);
+        let _ = commit(
+            &dir,
+            seg,
+            &mut file,
+            &mut written,
+            &mut buf,
+            &mut pending,
+            &m,
+        );
     }
 }
 
-/// Asks the kernel to drop `file`'s pages, all written and synced, from
-/// the page cache. Nothing reads them again except a replay after a
-/// restart, and kept they only grow the cache: every append then copies
-/// into newly allocated pages (a fifth of a cluster ingester's CPU in
-/// `docs/benchmarks.md`) and pushes out pages that queries read. The
-/// advice covers the whole segment, not just the bytes of this commit:
-/// the cache holds large folios, and a folio is only dropped when the
-/// range covers all of it, which a commit's unaligned range rarely does
-/// (ranges already dropped cost nothing to walk). Dropping clean pages
-/// loses nothing; it is advice, so a refusal is only logged.
-fn drop_from_page_cache(file: &File) {
-    if let Err(e) = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed) {
+/// Asks the kernel to drop the first `written` bytes of `file`, all
+/// written and synced, from the page cache. Nothing reads them again
+/// except a replay after a restart, and kept they only grow the cache:
+/// every append then copies into newly allocated pages (a fifth of a
+/// cluster ingester's CPU in `docs/benchmarks.md`) and pushes out pages
+/// that queries read. The advice covers the segment from its start, not
+/// just the bytes of this commit: the cache holds large folios, and a
+/// folio is only dropped when the range covers all of it, which a
+/// commit's unaligned range rarely does (ranges already dropped cost
+/// nothing to walk). It stops at the last 4 KiB boundary at or below
+/// `written`: the kernel then keeps the partly written last page, which
+/// the next append writes into (a range that ends at the end of the file
+/// drops that page too, and the append must read it back from the disk
+/// before it can copy into it: a synchronous read in every commit,
+/// docs/benchmarks.md, sixteenth session). A boundary of 4 KiB serves
+/// larger pages too: the kernel keeps any page the range covers only in
+/// part. Dropping clean pages loses nothing; it is advice, so a refusal
+/// is only logged.
+fn drop_from_page_cache(file: &File, written: u64) {
+    let Some(len) = std::num::NonZeroU64::new(written & !4095) else {
+        return;
+    };
+    if let Err(e) = rustix::fs::fadvise(file, 0, Some(len), rustix::fs::Advice::DontNeed) {
         tracing::debug!(error = %e, "could not drop written wal pages from the page cache");
     }
 }
@@ -287,6 +317,7 @@ fn commit(
     dir: &Path,
     seg: u64,
     file: &mut File,
+    written: &mut u64,
     buf: &mut Vec<u8>,
     pending: &mut Vec<oneshot::Sender<Result<(), WalError>>>,
     m: &WalMetrics,
@@ -304,6 +335,9 @@ fn commit(
         });
     m.bytes.inc_by(buf.len() as u64);
     m.fsyncs.inc();
+    if r.is_ok() {
+        *written += buf.len() as u64;
+    }
     buf.clear();
     for done in pending.drain(..) {
         let _ = done.send(match &r {
@@ -316,7 +350,7 @@ fn commit(
     }
     // After the answers: the advice is not part of the acknowledgement.
     if r.is_ok() {
-        drop_from_page_cache(file);
+        drop_from_page_cache(file, *written);
     }
     r
 }
@@ -431,6 +465,34 @@ mod tests {
             Wal::open(dir.path(), WalMetrics::default(), |r| got.push(r.to_vec())).unwrap();
         assert_eq!(n, records.len());
         assert!(got.iter().zip(&records).all(|(g, r)| g[..] == r[..]));
+    }
+
+    /// The page that holds the end of the last commit stays cached (the
+    /// next append writes into it; dropped, it would be read back from
+    /// the disk first), while the pages before it are dropped.
+    #[tokio::test]
+    async fn the_last_partly_written_page_stays_in_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), WalMetrics::default(), |_| {}).unwrap();
+        for i in 0..64u8 {
+            // 8 + 70,001 bytes a record: every commit ends mid-page.
+            wal.append(bytes::Bytes::from(vec![i; 70_001]))
+                .await
+                .unwrap();
+        }
+        let seg = *segments(dir.path()).unwrap().last().unwrap();
+        let path = segment_path(dir.path(), seg);
+        let written = fs::metadata(&path).unwrap().len();
+        assert_ne!(written % 4096, 0, "the segment ends mid-page");
+        let resident = resident_bytes(&path);
+        assert!(
+            resident > 0,
+            "the page the next append writes into was dropped ({written} bytes written)"
+        );
+        assert!(
+            resident < written / 8,
+            "{resident} of {written} bytes of the segment still in the page cache"
+        );
     }
 
     #[tokio::test]
