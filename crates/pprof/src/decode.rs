@@ -187,10 +187,15 @@ fn normalize_protobuf(
     }
     let counts = wire::prescan(data).ok()?;
     check_counts(&counts, limits).ok()?;
-    let (p, budget, strings) =
-        wire::decode_tables(data, &counts, limits.max_decoded_bytes, false).ok()?;
+    let wire::Tables {
+        profile: p,
+        budget,
+        strings,
+        lines,
+    } = wire::decode_tables(data, &counts, limits.max_decoded_bytes, false, true).ok()?;
+    let lines = wire::LocationLines::Flat(&lines);
     // Everything but the samples, which are checked as they are read.
-    validate_with_strings(&p, strings.len(), strings.first().copied(), limits).ok()?;
+    validate_with_strings(&p, lines, strings.len(), strings.first().copied(), limits).ok()?;
     // The frames are at most the sample bytes; what is reserved for them
     // up front stays within what is left of the decode budget.
     let frames = counts
@@ -200,7 +205,8 @@ fn normalize_protobuf(
         wire: wire::WireSamples::new(data, budget),
         strings: strings.len(),
     };
-    let n = crate::normalize::Normalizer::new(&p, &strings, opts, counts.samples, frames).ok()?;
+    let n = crate::normalize::Normalizer::new(&p, lines, &strings, opts, counts.samples, frames)
+        .ok()?;
     n.run(&mut samples).ok()
 }
 
@@ -266,6 +272,7 @@ fn decode_protobuf(data: &[u8], limits: &Limits) -> Result<pprof::Profile, Decod
 pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> {
     validate_with_strings(
         p,
+        wire::LocationLines::Own,
         p.string_table.len(),
         p.string_table.first().map(String::as_str),
         limits,
@@ -274,9 +281,11 @@ pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> 
 
 /// [`validate`] of a profile whose string table is held apart (`len`
 /// strings, the first `first`), as the one pass of
-/// [`decode_and_normalize`] borrows it from the request's bytes.
+/// [`decode_and_normalize`] borrows it from the request's bytes (and
+/// keeps the locations' lines in one vector: `lines`).
 fn validate_with_strings(
     p: &pprof::Profile,
+    lines: wire::LocationLines<'_>,
     len: usize,
     first: Option<&str>,
     limits: &Limits,
@@ -340,14 +349,14 @@ fn validate_with_strings(
     let mappings = index("mapping", IdIndex::new(p.mapping.iter().map(|m| m.id)))?;
     let functions = index("function", IdIndex::new(p.function.iter().map(|f| f.id)))?;
     let locations = index("location", IdIndex::new(p.location.iter().map(|l| l.id)))?;
-    for l in &p.location {
+    for (pos, l) in p.location.iter().enumerate() {
         if l.mapping_id != 0 && mappings.get(l.mapping_id).is_none() {
             return Err(DecodeError::UnknownMapping {
                 location: l.id,
                 mapping: l.mapping_id,
             });
         }
-        for line in &l.line {
+        for line in lines.of(&p.location, pos) {
             if line.function_id != 0 && functions.get(line.function_id).is_none() {
                 return Err(DecodeError::UnknownFunction {
                     location: l.id,
@@ -613,6 +622,18 @@ mod tests {
                 location: 1,
                 function: 7
             })
+        ));
+        // The one pass, which keeps the lines apart, checks them too.
+        let raw = p.encode_to_vec();
+        assert!(
+            normalize_protobuf(&raw, &Limits::default(), &NormalizeOptions::default()).is_none()
+        );
+        assert!(matches!(
+            decode_and_normalize(&raw, &Limits::default(), &NormalizeOptions::default()),
+            Err(DecodeNormalizeError::Decode(DecodeError::UnknownFunction {
+                location: 1,
+                function: 7
+            }))
         ));
         let mut p = tiny();
         p.location[0].mapping_id = 4;

@@ -356,7 +356,8 @@ pub fn normalize(
 ) -> Result<Normalized, NormalizeError> {
     let frames = p.sample.iter().map(|s| s.location_id.len()).sum();
     let strings: Vec<&str> = p.string_table.iter().map(String::as_str).collect();
-    let n = Normalizer::new(p, &strings, opts, p.sample.len(), frames)?;
+    let lines = crate::wire::LocationLines::Own;
+    let n = Normalizer::new(p, lines, &strings, opts, p.sample.len(), frames)?;
     let mut samples = ProfileSamples(p.sample.iter());
     n.run(&mut samples).map_err(|e| match e {
         Stopped::Normalize(e) => e,
@@ -398,6 +399,9 @@ pub(crate) struct Normalizer<'a> {
     /// The profile's string table (`p.string_table` is not read: the
     /// one pass of decode borrows the strings from the request instead).
     strings: &'a [&'a str],
+    /// Where the locations' lines are (the one pass of decode keeps them
+    /// in one vector for the profile, not one a location).
+    location_lines: crate::wire::LocationLines<'a>,
     opts: &'a NormalizeOptions,
     /// pprof location id → (position, model id and index among
     /// `frame_index.locations` once computed).
@@ -431,6 +435,7 @@ impl<'a> Normalizer<'a> {
     /// 2 % in copies and fresh pages).
     pub(crate) fn new(
         p: &'a pprof::Profile,
+        lines: crate::wire::LocationLines<'a>,
         strings: &'a [&'a str],
         opts: &'a NormalizeOptions,
         samples: usize,
@@ -440,6 +445,7 @@ impl<'a> Normalizer<'a> {
         Ok(Normalizer {
             p,
             strings,
+            location_lines: lines,
             opts,
             locations: IdTable::new(
                 IdIndex::new(p.location.iter().map(|l| l.id)).map_err(bad("location"))?,
@@ -553,7 +559,8 @@ impl<'a> Normalizer<'a> {
         let mut lines = std::mem::take(&mut self.lines);
         lines.clear();
         // A line without a function names nothing: it is dropped.
-        for ln in l.line.iter().filter(|ln| ln.function_id != 0) {
+        let location_lines = self.location_lines.of(&self.p.location, pos as usize);
+        for ln in location_lines.iter().filter(|ln| ln.function_id != 0) {
             lines.push(Line {
                 function: self.function_id(l.id, ln.function_id)?,
                 line: ln.line,
@@ -634,6 +641,7 @@ impl<'a> Normalizer<'a> {
         let Normalizer {
             p,
             strings,
+            location_lines,
             fn_index,
             map_index,
             fn_ids,
@@ -673,12 +681,13 @@ impl<'a> Normalizer<'a> {
             let lid = fi.locations[i];
             match symbols.locations.entry(lid) {
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    let l = &p.location[positions[i] as usize];
+                    let pos = positions[i] as usize;
+                    let l = &p.location[pos];
                     let mapping = map_index
                         .get(l.mapping_id)
                         .and_then(|m| map_ids[m].map(|id| (m, id)));
-                    let lines: Vec<Line> = l
-                        .line
+                    let lines: Vec<Line> = location_lines
+                        .of(&p.location, pos)
                         .iter()
                         .filter(|ln| ln.function_id != 0)
                         .filter_map(|ln| {

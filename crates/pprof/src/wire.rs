@@ -397,7 +397,13 @@ fn line(b: &[u8]) -> Result<pprof::Line, Bad> {
     Ok(l)
 }
 
-fn location(b: &[u8], budget: &mut Budget) -> Result<pprof::Location, WireError> {
+/// A location; its lines go into `flat` when given (and the location's
+/// own vector stays empty), else into the location.
+fn location(
+    b: &[u8],
+    budget: &mut Budget,
+    mut flat: Option<&mut Vec<pprof::Line>>,
+) -> Result<pprof::Location, WireError> {
     let mut l = pprof::Location::default();
     for f in fields(b) {
         let f = f?;
@@ -408,7 +414,11 @@ fn location(b: &[u8], budget: &mut Budget) -> Result<pprof::Location, WireError>
             4 => {
                 want(&f, 2)?;
                 budget.take(LINE_BYTES)?;
-                l.line.push(line(f.payload)?);
+                let ln = line(f.payload)?;
+                match flat.as_deref_mut() {
+                    Some(all) => all.push(ln),
+                    None => l.line.push(ln),
+                }
             }
             5 => l.is_folded = uint(&f)? != 0,
             _ => {}
@@ -447,10 +457,58 @@ pub(crate) fn decode_profile(
     counts: &Counts,
     max_bytes: usize,
 ) -> Result<pprof::Profile, WireError> {
-    decode_tables(b, counts, max_bytes, true).map(|(mut p, _, strings)| {
-        p.string_table = strings.into_iter().map(str::to_owned).collect();
+    decode_tables(b, counts, max_bytes, true, false).map(|t| {
+        let mut p = t.profile;
+        p.string_table = t.strings.into_iter().map(str::to_owned).collect();
         p
     })
+}
+
+/// What [`decode_tables`] read: the profile without its string table
+/// (and, when asked, without its samples or its locations' lines), the
+/// budget left, the strings borrowed from the message and, when asked,
+/// every location's lines in one vector.
+pub(crate) struct Tables<'b> {
+    pub(crate) profile: pprof::Profile,
+    pub(crate) budget: Budget,
+    pub(crate) strings: Vec<&'b str>,
+    pub(crate) lines: FlatLines,
+}
+
+/// Every location's lines in one vector, in the order of the locations:
+/// location `i`'s are `lines[ends[i - 1]..ends[i]]` (from 0 for the
+/// first). One allocation for a profile instead of one a location.
+#[derive(Default)]
+pub(crate) struct FlatLines {
+    pub(crate) lines: Vec<pprof::Line>,
+    pub(crate) ends: Vec<usize>,
+}
+
+/// Where the lines of a profile's locations are.
+#[derive(Clone, Copy)]
+pub(crate) enum LocationLines<'a> {
+    /// In each location (`pprof::Location::line`).
+    Own,
+    /// In one vector for all ([`FlatLines`]).
+    Flat(&'a FlatLines),
+}
+
+impl<'a> LocationLines<'a> {
+    /// The lines of the location at `pos` of `locations`.
+    #[inline]
+    pub(crate) fn of(self, locations: &'a [pprof::Location], pos: usize) -> &'a [pprof::Line] {
+        match self {
+            LocationLines::Own => locations.get(pos).map_or(&[], |l| &l.line),
+            LocationLines::Flat(f) => {
+                let start = match pos.checked_sub(1) {
+                    Some(i) => f.ends.get(i).copied().unwrap_or(0),
+                    None => 0,
+                };
+                let end = f.ends.get(pos).copied().unwrap_or(start);
+                f.lines.get(start..end).unwrap_or(&[])
+            }
+        }
+    }
 }
 
 /// [`decode_profile`], with its samples (field 2) decoded when `samples`,
@@ -458,12 +516,15 @@ pub(crate) fn decode_profile(
 /// [`WireSamples`] then counts the rest); also returns the budget. The
 /// string table is returned apart, borrowed from `b` (checked UTF-8, one
 /// vector, no allocation a string), and the profile's is left empty.
+/// With `flat_lines`, the locations' lines are returned apart, in one
+/// vector ([`FlatLines`]), and each location's own is left empty.
 pub(crate) fn decode_tables<'b>(
     b: &'b [u8],
     counts: &Counts,
     max_bytes: usize,
     samples: bool,
-) -> Result<(pprof::Profile, Budget, Vec<&'b str>), WireError> {
+    flat_lines: bool,
+) -> Result<Tables<'b>, WireError> {
     let mut budget = Budget {
         used: 0,
         limit: max_bytes,
@@ -485,6 +546,12 @@ pub(crate) fn decode_tables<'b>(
         ..Default::default()
     };
     let mut strings = Vec::with_capacity(counts.strings);
+    let mut flat = FlatLines::default();
+    if flat_lines {
+        // Most locations have one line (more when calls are inlined).
+        flat.lines.reserve(counts.locations);
+        flat.ends.reserve(counts.locations);
+    }
     for f in fields(b) {
         let f = f?;
         match f.number {
@@ -506,7 +573,13 @@ pub(crate) fn decode_tables<'b>(
             }
             4 => {
                 want(&f, 2)?;
-                p.location.push(location(f.payload, &mut budget)?);
+                if flat_lines {
+                    p.location
+                        .push(location(f.payload, &mut budget, Some(&mut flat.lines))?);
+                    flat.ends.push(flat.lines.len());
+                } else {
+                    p.location.push(location(f.payload, &mut budget, None)?);
+                }
             }
             5 => {
                 want(&f, 2)?;
@@ -537,7 +610,12 @@ pub(crate) fn decode_tables<'b>(
             _ => {}
         }
     }
-    Ok((p, budget, strings))
+    Ok(Tables {
+        profile: p,
+        budget,
+        strings,
+        lines: flat,
+    })
 }
 
 /// The samples of a profile read one at a time from its bytes into one
@@ -599,6 +677,55 @@ mod tests {
             "{frames} frames in {} bytes",
             c.sample_bytes
         );
+    }
+
+    /// Lines kept in one vector give every location the lines it has in
+    /// its own vector: none, one, several (inlined calls), in order.
+    #[test]
+    fn flat_lines_give_each_location_its_own() {
+        let line = |function_id, line| pprof::Line {
+            function_id,
+            line,
+            column: 0,
+        };
+        let location = |id, line: Vec<pprof::Line>| pprof::Location {
+            id,
+            line,
+            ..Default::default()
+        };
+        let p = pprof::Profile {
+            location: vec![
+                location(1, vec![line(1, 10)]),
+                location(2, vec![]),
+                location(3, vec![line(2, 20), line(3, 30), line(1, 40)]),
+                location(4, vec![line(3, 50)]),
+            ],
+            function: (1..=3)
+                .map(|id| pprof::Function {
+                    id,
+                    ..Default::default()
+                })
+                .collect(),
+            string_table: vec![String::new()],
+            ..Default::default()
+        };
+        let bytes = p.encode_to_vec();
+        let counts = prescan(&bytes).unwrap();
+        let Ok(t) = decode_tables(&bytes, &counts, usize::MAX, true, true) else {
+            panic!("the profile decodes");
+        };
+        assert!(t.profile.location.iter().all(|l| l.line.is_empty()));
+        assert_eq!(t.lines.lines.len(), 5, "one vector for every line");
+        let flat = LocationLines::Flat(&t.lines);
+        for (pos, want) in p.location.iter().enumerate() {
+            assert_eq!(flat.of(&t.profile.location, pos), &want.line[..], "{pos}");
+            assert_eq!(LocationLines::Own.of(&p.location, pos), &want.line[..]);
+        }
+        assert!(flat.of(&t.profile.location, 4).is_empty());
+        let Ok(owned) = decode_profile(&bytes, &counts, usize::MAX) else {
+            panic!("the profile decodes");
+        };
+        assert_eq!(owned.location, p.location);
     }
 
     /// Over every protobuf profile of the shared corpus, the sample bytes
