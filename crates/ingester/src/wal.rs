@@ -231,11 +231,24 @@ fn replay_segment(
     }
 }
 
-fn writer(dir: PathBuf, mut seg: u64, mut file: File, rx: mpsc::Receiver<Cmd>, m: WalMetrics) {
+/// The segment the writer appends to.
+struct Segment {
+    dir: PathBuf,
+    n: u64,
+    file: File,
+    /// Bytes written to it.
+    written: u64,
+}
+
+fn writer(dir: PathBuf, n: u64, file: File, rx: mpsc::Receiver<Cmd>, m: WalMetrics) {
     let mut pending: Vec<oneshot::Sender<Result<(), WalError>>> = Vec::new();
     let mut buf = Vec::new();
-    // Bytes written to the current segment (it starts empty).
-    let mut written = 0u64;
+    let mut seg = Segment {
+        dir,
+        n,
+        file,
+        written: 0,
+    };
     while let Ok(first) = rx.recv() {
         let mut cmds = vec![first];
         while let Ok(c) = rx.try_recv() {
@@ -254,34 +267,18 @@ fn writer(dir: PathBuf, mut seg: u64, mut file: File, rx: mpsc::Receiver<Cmd>, m
                     pending.push(done);
                 }
                 Cmd::Rotate(done) => {
-                    let r = commit(
-                        &dir,
-                        seg,
-                        &mut file,
-                        &mut written,
-                        &mut buf,
-                        &mut pending,
-                        &m,
-                    )
-                    .and_then(|()| {
-                        seg += 1;
-                        file = create_segment(&dir, seg)?;
-                        written = 0;
-                        Ok(seg)
+                    let r = commit(&mut seg, &mut buf, &mut pending, &m).and_then(|()| {
+                        let n = seg.n + 1;
+                        seg.file = create_segment(&seg.dir, n)?;
+                        seg.n = n;
+                        seg.written = 0;
+                        Ok(n)
                     });
                     let _ = done.send(r);
                 }
             }
         }
-        let _ = commit(
-            &dir,
-            seg,
-            &mut file,
-            &mut written,
-            &mut buf,
-            &mut pending,
-            &m,
-        );
+        let _ = commit(&mut seg, &mut buf, &mut pending, &m);
     }
 }
 
@@ -312,12 +309,9 @@ fn drop_from_page_cache(file: &File, written: u64) {
     }
 }
 
-/// Writes and fsyncs `buf`, then answers every pending append.
+/// Writes and fsyncs `buf` to `seg`, then answers every pending append.
 fn commit(
-    dir: &Path,
-    seg: u64,
-    file: &mut File,
-    written: &mut u64,
+    seg: &mut Segment,
     buf: &mut Vec<u8>,
     pending: &mut Vec<oneshot::Sender<Result<(), WalError>>>,
     m: &WalMetrics,
@@ -325,10 +319,11 @@ fn commit(
     if pending.is_empty() {
         return Ok(());
     }
-    let path = segment_path(dir, seg);
-    let r = file
+    let path = segment_path(&seg.dir, seg.n);
+    let r = seg
+        .file
         .write_all(buf)
-        .and_then(|()| file.sync_data())
+        .and_then(|()| seg.file.sync_data())
         .map_err(|source| WalError::Io {
             path: path.clone(),
             source,
@@ -336,7 +331,7 @@ fn commit(
     m.bytes.inc_by(buf.len() as u64);
     m.fsyncs.inc();
     if r.is_ok() {
-        *written += buf.len() as u64;
+        seg.written += buf.len() as u64;
     }
     buf.clear();
     for done in pending.drain(..) {
@@ -350,7 +345,7 @@ fn commit(
     }
     // After the answers: the advice is not part of the acknowledgement.
     if r.is_ok() {
-        drop_from_page_cache(file, *written);
+        drop_from_page_cache(&seg.file, seg.written);
     }
     r
 }
