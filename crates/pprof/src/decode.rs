@@ -192,7 +192,7 @@ fn normalize_protobuf(
         budget,
         strings,
         lines,
-    } = wire::decode_tables(data, &counts, limits.max_decoded_bytes, false, true).ok()?;
+    } = wire::decode_tables(data, &counts, limits.max_decoded_bytes, true).ok()?;
     let lines = wire::LocationLines::Flat(&lines);
     // Everything but the samples, which are checked as they are read.
     validate_with_strings(&p, lines, strings.len(), strings.first().copied(), limits).ok()?;

@@ -457,7 +457,7 @@ pub(crate) fn decode_profile(
     counts: &Counts,
     max_bytes: usize,
 ) -> Result<pprof::Profile, WireError> {
-    decode_tables(b, counts, max_bytes, true, false).map(|t| {
+    decode_tables(b, counts, max_bytes, false).map(|t| {
         let mut p = t.profile;
         p.string_table = t.strings.into_iter().map(str::to_owned).collect();
         p
@@ -511,19 +511,19 @@ impl<'a> LocationLines<'a> {
     }
 }
 
-/// [`decode_profile`], with its samples (field 2) decoded when `samples`,
-/// else left on the wire (their memory is still counted up front, as
-/// [`WireSamples`] then counts the rest); also returns the budget. The
-/// string table is returned apart, borrowed from `b` (checked UTF-8, one
-/// vector, no allocation a string), and the profile's is left empty.
-/// With `flat_lines`, the locations' lines are returned apart, in one
-/// vector ([`FlatLines`]), and each location's own is left empty.
+/// [`decode_profile`]; also returns the budget. The string table is
+/// returned apart, borrowed from `b` (checked UTF-8, one vector, no
+/// allocation a string), and the profile's is left empty. For the one
+/// pass of decode and normalize (`one_pass`), the samples (field 2) are
+/// left on the wire (their memory is still counted up front, as
+/// [`WireSamples`] then counts the rest) and the locations' lines are
+/// returned apart, in one vector ([`FlatLines`]), each location's own
+/// left empty.
 pub(crate) fn decode_tables<'b>(
     b: &'b [u8],
     counts: &Counts,
     max_bytes: usize,
-    samples: bool,
-    flat_lines: bool,
+    one_pass: bool,
 ) -> Result<Tables<'b>, WireError> {
     let mut budget = Budget {
         used: 0,
@@ -539,7 +539,7 @@ pub(crate) fn decode_tables<'b>(
     )?;
     let mut p = pprof::Profile {
         sample_type: Vec::with_capacity(counts.sample_types),
-        sample: Vec::with_capacity(if samples { counts.samples } else { 0 }),
+        sample: Vec::with_capacity(if one_pass { 0 } else { counts.samples }),
         mapping: Vec::with_capacity(counts.mappings),
         location: Vec::with_capacity(counts.locations),
         function: Vec::with_capacity(counts.functions),
@@ -547,7 +547,7 @@ pub(crate) fn decode_tables<'b>(
     };
     let mut strings = Vec::with_capacity(counts.strings);
     let mut flat = FlatLines::default();
-    if flat_lines {
+    if one_pass {
         // Most locations have one line (more when calls are inlined).
         flat.lines.reserve(counts.locations);
         flat.ends.reserve(counts.locations);
@@ -563,7 +563,7 @@ pub(crate) fn decode_tables<'b>(
             }
             2 => {
                 want(&f, 2)?;
-                if samples {
+                if !one_pass {
                     p.sample.push(sample(f.payload, &mut budget)?);
                 }
             }
@@ -573,12 +573,10 @@ pub(crate) fn decode_tables<'b>(
             }
             4 => {
                 want(&f, 2)?;
-                if flat_lines {
-                    p.location
-                        .push(location(f.payload, &mut budget, Some(&mut flat.lines))?);
+                let apart = one_pass.then_some(&mut flat.lines);
+                p.location.push(location(f.payload, &mut budget, apart)?);
+                if one_pass {
                     flat.ends.push(flat.lines.len());
-                } else {
-                    p.location.push(location(f.payload, &mut budget, None)?);
                 }
             }
             5 => {
@@ -711,7 +709,7 @@ mod tests {
         };
         let bytes = p.encode_to_vec();
         let counts = prescan(&bytes).unwrap();
-        let Ok(t) = decode_tables(&bytes, &counts, usize::MAX, true, true) else {
+        let Ok(t) = decode_tables(&bytes, &counts, usize::MAX, true) else {
             panic!("the profile decodes");
         };
         assert!(t.profile.location.iter().all(|l| l.line.is_empty()));
