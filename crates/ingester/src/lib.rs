@@ -281,6 +281,11 @@ impl Ingester {
             "WAL group commits (one fsync each)",
             m.wal.fsyncs.clone(),
         );
+        r.register(
+            "wal_commits_past_fill",
+            "WAL group commits that grew the segment file past the zeros written ahead of the records (each also writes the file's metadata)",
+            m.wal.commits_past_fill.clone(),
+        );
         r.register("profiles", "Profiles added to heads", m.profiles.clone());
         r.register("samples", "Sample rows added to heads", m.samples.clone());
         r.register("blocks_flushed", "Blocks cut and stored", m.blocks.clone());

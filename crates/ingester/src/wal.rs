@@ -5,11 +5,20 @@
 //! Record: `u32 LE payload length | u32 LE crc32(payload) | payload`.
 //! Replay reads segments in order and stops at the first torn or corrupt
 //! record of the last segment (a crash mid-append), truncating it away.
+//!
+//! Zeros are written ahead of the records, by a second thread (the
+//! filler), so that a commit overwrites bytes the file already has: its
+//! `fdatasync` then writes the data alone, not the inode as well (as it
+//! must when a write grows the file). A record is never empty, so a
+//! header of eight zero bytes is where the records of a segment end; the
+//! zeros after the last record are cut off when the writer leaves the
+//! segment (and by replay, from a segment a crash left).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 
 use tokio::sync::oneshot;
 
@@ -25,6 +34,8 @@ pub enum WalError {
     },
     #[error("wal writer stopped")]
     Closed,
+    #[error("an empty wal record")]
+    Empty,
     #[error("wal segment {path} is corrupt at byte {offset}: {what}")]
     Corrupt {
         path: PathBuf,
@@ -50,6 +61,12 @@ enum Cmd {
 pub(crate) struct Wal {
     dir: PathBuf,
     tx: mpsc::Sender<Cmd>,
+    progress: Arc<Progress>,
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "tests wait for the writer to stop")
+    )]
+    writer: std::thread::JoinHandle<()>,
 }
 
 fn segment_path(dir: &Path, n: u64) -> PathBuf {
@@ -77,6 +94,9 @@ pub(crate) struct WalMetrics {
     pub(crate) bytes: prometheus_client::metrics::counter::Counter,
     pub(crate) records: prometheus_client::metrics::counter::Counter,
     pub(crate) fsyncs: prometheus_client::metrics::counter::Counter,
+    /// Commits that wrote past the zeros written ahead (the filler fell
+    /// behind, or a commit was larger than the zeros left).
+    pub(crate) commits_past_fill: prometheus_client::metrics::counter::Counter,
 }
 
 impl Wal {
@@ -97,24 +117,31 @@ impl Wal {
             replayed += replay_segment(&path, last, &mut apply)?;
         }
         let next = segs.last().map(|n| n + 1).unwrap_or(1);
-        let file = create_segment(dir, next)?;
+        let seg = Segment::new(dir.to_owned(), next, create_segment(dir, next)?);
         let (tx, rx) = mpsc::channel();
-        let d = dir.to_owned();
-        std::thread::Builder::new()
+        let progress = Arc::new(Mutex::new((next, 0)));
+        let p = progress.clone();
+        let writer = std::thread::Builder::new()
             .name("fathom-wal".into())
-            .spawn(move || writer(d, next, file, rx, metrics))
+            .spawn(move || writer(seg, rx, metrics, p))
             .map_err(io(dir))?;
         Ok((
             Wal {
                 dir: dir.to_owned(),
                 tx,
+                progress,
+                writer,
             },
             replayed,
         ))
     }
 
     /// Appends a record, its bytes as given, and waits until it is on disk.
+    /// A record is never empty (a zero header ends a segment's records).
     pub(crate) async fn append(&self, record: bytes::Bytes) -> Result<(), WalError> {
+        if record.is_empty() {
+            return Err(WalError::Empty);
+        }
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Cmd::Append(record, tx))
@@ -145,22 +172,42 @@ impl Wal {
         Ok(removed)
     }
 
-    /// Bytes of all segments on disk.
+    /// Stops the writer and waits until it has left its segment (the
+    /// zeros after the records cut off).
+    #[cfg(test)]
+    pub(crate) fn close(self) {
+        drop(self.tx);
+        self.writer.join().unwrap();
+    }
+
+    /// Bytes of records in all segments on disk (not the zeros written
+    /// ahead of them).
     pub(crate) fn disk_bytes(&self) -> u64 {
+        let (current, written) = *self.progress.lock().unwrap_or_else(|e| e.into_inner());
         segments(&self.dir)
             .unwrap_or_default()
             .iter()
-            .filter_map(|n| fs::metadata(segment_path(&self.dir, *n)).ok())
-            .map(|m| m.len())
+            .filter_map(|&n| {
+                if n == current {
+                    Some(written)
+                } else {
+                    fs::metadata(segment_path(&self.dir, n))
+                        .ok()
+                        .map(|m| m.len())
+                }
+            })
             .sum()
     }
 }
 
 fn create_segment(dir: &Path, n: u64) -> Result<File, WalError> {
     let p = segment_path(dir, n);
+    // Not in append mode: the writer writes at its own offset, over the
+    // zeros the filler wrote ahead.
     let f = OpenOptions::new()
         .create(true)
-        .append(true)
+        .truncate(false)
+        .write(true)
         .open(&p)
         .map_err(io(&p))?;
     // Make the new file's directory entry durable too.
@@ -168,6 +215,20 @@ fn create_segment(dir: &Path, n: u64) -> Result<File, WalError> {
         .and_then(|d| d.sync_all())
         .map_err(io(dir))?;
     Ok(f)
+}
+
+/// Whether every byte `r` has left is zero (the fill after the records).
+fn only_zeros_left(r: &mut impl Read) -> std::io::Result<bool> {
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = r.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        if chunk[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+    }
 }
 
 fn replay_segment(
@@ -193,6 +254,20 @@ fn replay_segment(
         };
         let torn = if r.read_exact(&mut header).is_err() {
             Some(bad("torn record header"))
+        } else if header == [0; 8] {
+            // The zero fill: the records end here. In the last segment
+            // whatever follows was never acknowledged (each commit is
+            // synced before the next starts, and this one did not reach
+            // the disk whole); in an older one it must be fill too.
+            if last {
+                Some(bad("the records end in the zero fill"))
+            } else {
+                match only_zeros_left(&mut r) {
+                    Ok(true) => return Ok(n),
+                    Ok(false) => return Err(bad("records after the zero fill")),
+                    Err(e) => return Err(io(path)(e)),
+                }
+            }
         } else {
             let size = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
             let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
@@ -216,8 +291,11 @@ fn replay_segment(
                 offset += 8 + payload.len() as u64;
             }
             Some(e) if last => {
-                // A crash mid-append: the unacknowledged tail is dropped.
-                tracing::warn!(error = %e, "truncating torn wal tail");
+                // A crash mid-append (or the fill a crash left): the
+                // unacknowledged tail is dropped.
+                if header != [0; 8] {
+                    tracing::warn!(error = %e, "truncating torn wal tail");
+                }
                 let f = OpenOptions::new()
                     .write(true)
                     .open(path)
@@ -231,24 +309,172 @@ fn replay_segment(
     }
 }
 
+/// Bytes of zeros the filler writes at a time.
+const FILL_CHUNK: u64 = 4 << 20;
+/// The writer asks for more zeros when fewer than this many are left
+/// ahead of its records.
+const FILL_AHEAD: u64 = 2 << 20;
+
+/// The zeros of one segment: how far they reach, shared by the writer
+/// and the filler.
+#[derive(Default)]
+struct Fill {
+    state: Mutex<FillState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct FillState {
+    /// Bytes from the segment's start that are on the disk (records, then
+    /// zeros): a commit that ends at or below this writes no metadata.
+    end: u64,
+    /// The filler is writing zeros from `end`.
+    busy: bool,
+    /// A fill failed: the writer appends to this segment without zeros
+    /// ahead (as it did before the fill existed).
+    failed: bool,
+}
+
+impl Fill {
+    fn state(&self) -> std::sync::MutexGuard<'_, FillState> {
+        // The lock guards plain numbers; a panic elsewhere leaves them whole.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called before the writer writes up to `end`: past the zeros, it
+    /// waits for a fill under way (which writes there) and then owns the
+    /// bytes up to `end`. Returns whether the write stays within zeros.
+    fn reserve(&self, end: u64) -> bool {
+        let mut s = self.state();
+        if end <= s.end {
+            return true;
+        }
+        while s.busy {
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        let within = end <= s.end;
+        s.end = s.end.max(end);
+        within
+    }
+
+    /// Waits until no fill is under way (before the segment is closed).
+    fn idle(&self) {
+        let mut s = self.state();
+        while s.busy {
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// A fill the writer asks for: zeros at `fill.end` of `file`.
+struct FillJob {
+    path: PathBuf,
+    file: Arc<File>,
+    fill: Arc<Fill>,
+}
+
+/// The filler thread: writes each job's zeros and syncs them (allocating
+/// the blocks and growing the file, the metadata a commit then need not
+/// write), then publishes the new end.
+fn filler(jobs: mpsc::Receiver<FillJob>) {
+    let zeros = vec![0u8; FILL_CHUNK as usize];
+    while let Ok(job) = jobs.recv() {
+        let from = job.fill.state().end;
+        let r = job
+            .file
+            .write_all_at(&zeros, from)
+            .and_then(|()| job.file.sync_data());
+        let mut s = job.fill.state();
+        match r {
+            Ok(()) => s.end = from + FILL_CHUNK,
+            Err(e) => {
+                tracing::warn!(
+                    path = %job.path.display(),
+                    error = %e,
+                    "could not write zeros ahead of the wal; appending without them"
+                );
+                s.failed = true;
+            }
+        }
+        s.busy = false;
+        job.fill.changed.notify_all();
+    }
+}
+
 /// The segment the writer appends to.
 struct Segment {
     dir: PathBuf,
     n: u64,
-    file: File,
-    /// Bytes written to it.
+    file: Arc<File>,
+    /// Bytes of records written to it.
     written: u64,
+    fill: Arc<Fill>,
 }
 
-fn writer(dir: PathBuf, n: u64, file: File, rx: mpsc::Receiver<Cmd>, m: WalMetrics) {
+impl Segment {
+    fn new(dir: PathBuf, n: u64, file: File) -> Segment {
+        Segment {
+            dir,
+            n,
+            file: Arc::new(file),
+            written: 0,
+            fill: Arc::default(),
+        }
+    }
+
+    /// Asks the filler for more zeros when few are left ahead.
+    fn fill_ahead(&self, filler: &mpsc::Sender<FillJob>) {
+        let mut s = self.fill.state();
+        if s.busy || s.failed || s.end.saturating_sub(self.written) >= FILL_AHEAD {
+            return;
+        }
+        s.busy = true;
+        let job = FillJob {
+            path: segment_path(&self.dir, self.n),
+            file: self.file.clone(),
+            fill: self.fill.clone(),
+        };
+        if filler.send(job).is_err() {
+            s.busy = false;
+            s.failed = true;
+        }
+    }
+
+    /// Leaves the segment: cuts the zeros after its records off (replay
+    /// would stop at them anyway; this gives their disk space back).
+    fn close(&self) {
+        self.fill.idle();
+        if let Err(e) = self.file.set_len(self.written) {
+            tracing::debug!(error = %e, "could not cut the zero fill off a wal segment");
+        }
+    }
+}
+
+/// What the writer has written, for [`Wal::disk_bytes`]: the current
+/// segment's number and its bytes of records.
+type Progress = Mutex<(u64, u64)>;
+
+fn writer(seg: Segment, rx: mpsc::Receiver<Cmd>, m: WalMetrics, progress: Arc<Progress>) {
+    let (fill_tx, fill_rx) = mpsc::channel();
+    let filler = std::thread::Builder::new()
+        .name("fathom-wal-fill".into())
+        .spawn(move || filler(fill_rx));
+    let fill_tx = match filler {
+        Ok(_) => Some(fill_tx),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not start the wal's filler; appending without zeros ahead");
+            None
+        }
+    };
+    let fill_ahead = |seg: &Segment| {
+        if let Some(tx) = &fill_tx {
+            seg.fill_ahead(tx);
+        }
+    };
     let mut pending: Vec<oneshot::Sender<Result<(), WalError>>> = Vec::new();
     let mut buf = Vec::new();
-    let mut seg = Segment {
-        dir,
-        n,
-        file,
-        written: 0,
-    };
+    let mut seg = seg;
+    fill_ahead(&seg);
     while let Ok(first) = rx.recv() {
         let mut cmds = vec![first];
         while let Ok(c) = rx.try_recv() {
@@ -269,9 +495,10 @@ fn writer(dir: PathBuf, n: u64, file: File, rx: mpsc::Receiver<Cmd>, m: WalMetri
                 Cmd::Rotate(done) => {
                     let r = commit(&mut seg, &mut buf, &mut pending, &m).and_then(|()| {
                         let n = seg.n + 1;
-                        seg.file = create_segment(&seg.dir, n)?;
-                        seg.n = n;
-                        seg.written = 0;
+                        let file = create_segment(&seg.dir, n)?;
+                        seg.close();
+                        seg = Segment::new(seg.dir.clone(), n, file);
+                        fill_ahead(&seg);
                         Ok(n)
                     });
                     let _ = done.send(r);
@@ -279,7 +506,10 @@ fn writer(dir: PathBuf, n: u64, file: File, rx: mpsc::Receiver<Cmd>, m: WalMetri
             }
         }
         let _ = commit(&mut seg, &mut buf, &mut pending, &m);
+        *progress.lock().unwrap_or_else(|e| e.into_inner()) = (seg.n, seg.written);
+        fill_ahead(&seg);
     }
+    seg.close();
 }
 
 /// Asks the kernel to drop the first `written` bytes of `file`, all
@@ -296,10 +526,10 @@ fn writer(dir: PathBuf, n: u64, file: File, rx: mpsc::Receiver<Cmd>, m: WalMetri
 /// the next append writes into (a range that ends at the end of the file
 /// drops that page too, and the append must read it back from the disk
 /// before it can copy into it: a synchronous read in every commit,
-/// docs/benchmarks.md, sixteenth session). A boundary of 4 KiB serves
-/// larger pages too: the kernel keeps any page the range covers only in
-/// part. Dropping clean pages loses nothing; it is advice, so a refusal
-/// is only logged.
+/// docs/benchmarks.md, sixteenth session), and the zeros ahead, which
+/// later appends overwrite. A boundary of 4 KiB serves larger pages too:
+/// the kernel keeps any page the range covers only in part. Dropping
+/// clean pages loses nothing; it is advice, so a refusal is only logged.
 fn drop_from_page_cache(file: &File, written: u64) {
     let Some(len) = std::num::NonZeroU64::new(written & !4095) else {
         return;
@@ -309,7 +539,8 @@ fn drop_from_page_cache(file: &File, written: u64) {
     }
 }
 
-/// Writes and fsyncs `buf` to `seg`, then answers every pending append.
+/// Writes and fsyncs `buf` to `seg` after its records, then answers every
+/// pending append.
 fn commit(
     seg: &mut Segment,
     buf: &mut Vec<u8>,
@@ -320,9 +551,13 @@ fn commit(
         return Ok(());
     }
     let path = segment_path(&seg.dir, seg.n);
+    let end = seg.written + buf.len() as u64;
+    if !seg.fill.reserve(end) {
+        m.commits_past_fill.inc();
+    }
     let r = seg
         .file
-        .write_all(buf)
+        .write_all_at(buf, seg.written)
         .and_then(|()| seg.file.sync_data())
         .map_err(|source| WalError::Io {
             path: path.clone(),
@@ -331,7 +566,7 @@ fn commit(
     m.bytes.inc_by(buf.len() as u64);
     m.fsyncs.inc();
     if r.is_ok() {
-        seg.written += buf.len() as u64;
+        seg.written = end;
     }
     buf.clear();
     for done in pending.drain(..) {
@@ -393,13 +628,18 @@ mod tests {
         wal.append(bytes::Bytes::from_static(b"three"))
             .await
             .unwrap();
-        drop(wal);
+        wal.close();
         // A torn record at the end of the newest segment.
         let p = segment_path(dir.path(), seg);
-        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
-        f.write_all(&[9, 0, 0, 0, 1, 2]).unwrap();
+        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        let records = f.metadata().unwrap().len();
+        assert_eq!(
+            records,
+            8 + 3 + 8 + 5,
+            "the zeros after the records are cut off"
+        );
+        f.write_all_at(&[9, 0, 0, 0, 1, 2], records).unwrap();
         drop(f);
-        std::thread::sleep(std::time::Duration::from_millis(50));
 
         let mut got = Vec::new();
         let (wal, n) =
@@ -412,8 +652,7 @@ mod tests {
         // Dropping old segments keeps only what is newer.
         let cut = wal.rotate().await.unwrap();
         wal.remove_before(cut).unwrap();
-        drop(wal);
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        wal.close();
         let (_wal, n) = Wal::open(dir.path(), WalMetrics::default(), |_| {}).unwrap();
         assert_eq!(n, 0);
     }
@@ -444,6 +683,9 @@ mod tests {
         }
         let seg = *segments(dir.path()).unwrap().last().unwrap();
         let path = segment_path(dir.path(), seg);
+        // Closed, the segment is its records alone (the zeros ahead,
+        // cached for the appends to come, are cut off).
+        wal.close();
         let written = fs::metadata(&path).unwrap().len();
         assert!(written > 4 << 20, "{written} bytes written");
         // Synced pages are dropped as they are written: at most the
@@ -453,8 +695,6 @@ mod tests {
             resident < written / 8,
             "{resident} of {written} bytes of the segment still in the page cache"
         );
-        drop(wal);
-        std::thread::sleep(std::time::Duration::from_millis(50));
         let mut got = Vec::new();
         let (_wal, n) =
             Wal::open(dir.path(), WalMetrics::default(), |r| got.push(r.to_vec())).unwrap();
@@ -477,6 +717,7 @@ mod tests {
         }
         let seg = *segments(dir.path()).unwrap().last().unwrap();
         let path = segment_path(dir.path(), seg);
+        wal.close();
         let written = fs::metadata(&path).unwrap().len();
         assert_ne!(written % 4096, 0, "the segment ends mid-page");
         let resident = resident_bytes(&path);
@@ -499,16 +740,142 @@ mod tests {
             .unwrap();
         let first = wal.rotate().await.unwrap() - 1;
         wal.append(bytes::Bytes::from_static(b"x")).await.unwrap();
-        drop(wal);
+        wal.close();
         let p = segment_path(dir.path(), first);
         let mut bytes = fs::read(&p).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
         fs::write(&p, bytes).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(50));
         let err = Wal::open(dir.path(), WalMetrics::default(), |_| {})
             .err()
             .unwrap();
         assert!(err.to_string().contains("checksum"), "{err}");
+    }
+
+    /// Waits (up to 10 s) until the filler has written zeros ahead of
+    /// the current segment's records.
+    fn wait_for_zeros_ahead(dir: &Path, wal: &Wal) -> (PathBuf, u64) {
+        let seg = *segments(dir).unwrap().last().unwrap();
+        let path = segment_path(dir, seg);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let len = fs::metadata(&path).unwrap().len();
+            if len >= wal.disk_bytes() + FILL_AHEAD {
+                return (path, len);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no zeros written ahead of the records: the segment is {len} bytes"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Commits overwrite zeros written ahead (so that their fsync need
+    /// not write the file's metadata); the zeros never reach a replay,
+    /// and leaving a segment cuts them off.
+    #[tokio::test]
+    async fn commits_overwrite_zeros_written_ahead_which_replay_skips() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = WalMetrics::default();
+        let (wal, _) = Wal::open(dir.path(), m.clone(), |_| {}).unwrap();
+        wal.append(bytes::Bytes::from_static(b"first"))
+            .await
+            .unwrap();
+        let (path, len) = wait_for_zeros_ahead(dir.path(), &wal);
+        let past = m.commits_past_fill.get();
+        let records: Vec<bytes::Bytes> = (1..=20u8)
+            .map(|i| bytes::Bytes::from(vec![i; 1000 * i as usize]))
+            .collect();
+        for r in &records {
+            wal.append(r.clone()).await.unwrap();
+        }
+        let written = 8 + 5 + records.iter().map(|r| 8 + r.len() as u64).sum::<u64>();
+        assert_eq!(
+            wal.disk_bytes(),
+            written,
+            "the size counts records, not zeros"
+        );
+        assert_eq!(
+            m.commits_past_fill.get(),
+            past,
+            "commits within the zeros wrote past them"
+        );
+        let on_disk = fs::read(&path).unwrap();
+        assert!(on_disk.len() as u64 >= len.max(written + 1));
+        assert!(
+            on_disk[written as usize..].iter().all(|&b| b == 0),
+            "only zeros after the records"
+        );
+        // Rotating cuts the zeros off the segment left.
+        let next = wal.rotate().await.unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), written);
+        wal.append(bytes::Bytes::from_static(b"last"))
+            .await
+            .unwrap();
+        let (newest, _) = wait_for_zeros_ahead(dir.path(), &wal);
+        assert_eq!(newest, segment_path(dir.path(), next));
+        // As a crash leaves it: the newest segment still holds its zeros.
+        let copy = tempfile::tempdir().unwrap();
+        for p in [&path, &newest] {
+            fs::copy(p, copy.path().join(p.file_name().unwrap())).unwrap();
+        }
+        wal.close();
+        let mut got = Vec::new();
+        let (_wal, n) =
+            Wal::open(copy.path(), WalMetrics::default(), |r| got.push(r.to_vec())).unwrap();
+        assert_eq!(n, 22);
+        assert_eq!(got[0], b"first");
+        assert!(got[1..21].iter().zip(&records).all(|(g, r)| g[..] == r[..]));
+        assert_eq!(got[21], b"last");
+        // Replay cut the zeros off the newest segment.
+        assert_eq!(
+            fs::metadata(copy.path().join(newest.file_name().unwrap()))
+                .unwrap()
+                .len(),
+            8 + 4
+        );
+    }
+
+    /// Zeros end an older segment's records only when nothing but zeros
+    /// follows; bytes after them are corruption, not a fill.
+    #[test]
+    fn bytes_after_the_zeros_of_an_older_segment_are_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 1, &[b"one", b"two"]);
+        write_segment(dir.path(), 2, &[b"three"]);
+        let p = segment_path(dir.path(), 1);
+        let mut bytes = fs::read(&p).unwrap();
+        bytes.resize(bytes.len() + 100_000, 0);
+        fs::write(&p, &bytes).unwrap();
+        let mut got = Vec::new();
+        Wal::open(dir.path(), WalMetrics::default(), |r| got.push(r.to_vec()))
+            .unwrap()
+            .0
+            .close();
+        assert_eq!(
+            got,
+            vec![b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]
+        );
+
+        let last = bytes.len() - 1;
+        bytes[last] = 1;
+        fs::write(&p, &bytes).unwrap();
+        let err = Wal::open(dir.path(), WalMetrics::default(), |_| {})
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("records after the zero fill"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_record_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), WalMetrics::default(), |_| {}).unwrap();
+        let err = wal.append(bytes::Bytes::new()).await.unwrap_err();
+        assert!(matches!(err, WalError::Empty), "{err}");
+        assert_eq!(wal.disk_bytes(), 0);
     }
 }
