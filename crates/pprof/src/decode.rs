@@ -6,7 +6,7 @@ use fathom_proto::pprof;
 
 use crate::Limits;
 use crate::gzip::{GunzipError, gunzip, is_gzip};
-use crate::index::{IdIndex, IndexError};
+use crate::index::{IndexError, Indexes};
 use crate::legacy::{self, LegacyError};
 use crate::wire;
 
@@ -195,7 +195,8 @@ fn normalize_protobuf(
     } = wire::decode_tables(data, &counts, limits.max_decoded_bytes, true).ok()?;
     let lines = wire::LocationLines::Flat(&lines);
     // Everything but the samples, which are checked as they are read.
-    validate_with_strings(&p, lines, strings.len(), strings.first().copied(), limits).ok()?;
+    let indexes =
+        validate_with_strings(&p, lines, strings.len(), strings.first().copied(), limits).ok()?;
     // The frames are at most the sample bytes; what is reserved for them
     // up front stays within what is left of the decode budget.
     let frames = counts
@@ -205,8 +206,15 @@ fn normalize_protobuf(
         wire: wire::WireSamples::new(data, budget),
         strings: strings.len(),
     };
-    let n = crate::normalize::Normalizer::new(&p, lines, &strings, opts, counts.samples, frames)
-        .ok()?;
+    let n = crate::normalize::Normalizer::new(
+        &p,
+        indexes,
+        lines,
+        &strings,
+        opts,
+        counts.samples,
+        frames,
+    );
     n.run(&mut samples).ok()
 }
 
@@ -277,19 +285,21 @@ pub fn validate(p: &pprof::Profile, limits: &Limits) -> Result<(), DecodeError> 
         p.string_table.first().map(String::as_str),
         limits,
     )
+    .map(drop)
 }
 
 /// [`validate`] of a profile whose string table is held apart (`len`
 /// strings, the first `first`), as the one pass of
 /// [`decode_and_normalize`] borrows it from the request's bytes (and
-/// keeps the locations' lines in one vector: `lines`).
+/// keeps the locations' lines in one vector: `lines`). Returns the id
+/// indexes it built, for normalize.
 fn validate_with_strings(
     p: &pprof::Profile,
     lines: wire::LocationLines<'_>,
     len: usize,
     first: Option<&str>,
     limits: &Limits,
-) -> Result<(), DecodeError> {
+) -> Result<Indexes, DecodeError> {
     check_limit("sample types", p.sample_type.len(), limits.max_sample_types)?;
     check_limit("samples", p.sample.len(), limits.max_samples)?;
     check_limit("mappings", p.mapping.len(), limits.max_mappings)?;
@@ -340,24 +350,19 @@ fn validate_with_strings(
             format!("the file name of function {}", f.id)
         })?;
     }
-    let index = |what: &'static str, r: Result<IdIndex, IndexError>| {
-        r.map_err(|e| match e {
-            IndexError::Zero(index) => DecodeError::ZeroId { what, index },
-            IndexError::Duplicate(id) => DecodeError::DuplicateId { what, id },
-        })
-    };
-    let mappings = index("mapping", IdIndex::new(p.mapping.iter().map(|m| m.id)))?;
-    let functions = index("function", IdIndex::new(p.function.iter().map(|f| f.id)))?;
-    let locations = index("location", IdIndex::new(p.location.iter().map(|l| l.id)))?;
+    let indexes = Indexes::new(p).map_err(|(what, e)| match e {
+        IndexError::Zero(index) => DecodeError::ZeroId { what, index },
+        IndexError::Duplicate(id) => DecodeError::DuplicateId { what, id },
+    })?;
     for (pos, l) in p.location.iter().enumerate() {
-        if l.mapping_id != 0 && mappings.get(l.mapping_id).is_none() {
+        if l.mapping_id != 0 && indexes.mappings.get(l.mapping_id).is_none() {
             return Err(DecodeError::UnknownMapping {
                 location: l.id,
                 mapping: l.mapping_id,
             });
         }
         for line in lines.of(&p.location, pos) {
-            if line.function_id != 0 && functions.get(line.function_id).is_none() {
+            if line.function_id != 0 && indexes.functions.get(line.function_id).is_none() {
                 return Err(DecodeError::UnknownFunction {
                     location: l.id,
                     function: line.function_id,
@@ -375,7 +380,7 @@ fn validate_with_strings(
             });
         }
         for &l in &s.location_id {
-            if locations.get(l).is_none() {
+            if indexes.locations.get(l).is_none() {
                 return Err(DecodeError::UnknownLocation {
                     sample: i,
                     location: l,
@@ -390,7 +395,7 @@ fn validate_with_strings(
             })?;
         }
     }
-    Ok(())
+    Ok(indexes)
 }
 
 #[cfg(test)]

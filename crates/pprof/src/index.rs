@@ -64,6 +64,29 @@ impl IdIndex {
     }
 }
 
+/// The id indexes of a profile's tables, built once: by validation, then
+/// handed to normalize.
+pub(crate) struct Indexes {
+    pub(crate) locations: IdIndex,
+    pub(crate) functions: IdIndex,
+    pub(crate) mappings: IdIndex,
+}
+
+impl Indexes {
+    /// Indexes `p`'s locations, functions and mappings; an error names
+    /// the table whose ids could not be indexed.
+    pub(crate) fn new(
+        p: &fathom_proto::pprof::Profile,
+    ) -> Result<Indexes, (&'static str, IndexError)> {
+        let index = |what, r: Result<IdIndex, IndexError>| r.map_err(|e| (what, e));
+        Ok(Indexes {
+            mappings: index("mapping", IdIndex::new(p.mapping.iter().map(|m| m.id)))?,
+            functions: index("function", IdIndex::new(p.function.iter().map(|f| f.id)))?,
+            locations: index("location", IdIndex::new(p.location.iter().map(|l| l.id)))?,
+        })
+    }
+}
+
 /// An [`IdIndex`] with a value of type `T` next to each position, so one
 /// lookup (one cache miss) finds both.
 pub(crate) enum IdTable<T> {

@@ -9,7 +9,7 @@ use fathom_model::{
 };
 use fathom_proto::pprof;
 
-use crate::index::{IdIndex, IdTable, IndexError};
+use crate::index::{IdIndex, IdTable, Indexes};
 
 /// The default for [`NormalizeOptions::max_series`].
 pub const DEFAULT_MAX_SERIES: usize = 10_000;
@@ -357,7 +357,8 @@ pub fn normalize(
     let frames = p.sample.iter().map(|s| s.location_id.len()).sum();
     let strings: Vec<&str> = p.string_table.iter().map(String::as_str).collect();
     let lines = crate::wire::LocationLines::Own;
-    let n = Normalizer::new(p, lines, &strings, opts, p.sample.len(), frames)?;
+    let indexes = Indexes::new(p).map_err(|(what, _)| NormalizeError::BadIds { what })?;
+    let n = Normalizer::new(p, indexes, lines, &strings, opts, p.sample.len(), frames);
     let mut samples = ProfileSamples(p.sample.iter());
     n.run(&mut samples).map_err(|e| match e {
         Stopped::Normalize(e) => e,
@@ -432,27 +433,24 @@ impl<'a> Normalizer<'a> {
     /// from a [`Samples`]) number about `samples` and name at most about
     /// `frames` locations together: tables are sized for them (the frames
     /// of a profile's stacks, grown by doubling, cost one process's ingest
-    /// 2 % in copies and fresh pages).
+    /// 2 % in copies and fresh pages). `indexes` are `p`'s.
     pub(crate) fn new(
         p: &'a pprof::Profile,
+        indexes: Indexes,
         lines: crate::wire::LocationLines<'a>,
         strings: &'a [&'a str],
         opts: &'a NormalizeOptions,
         samples: usize,
         frames: usize,
-    ) -> Result<Self, NormalizeError> {
-        let bad = |what| move |_: IndexError| NormalizeError::BadIds { what };
-        Ok(Normalizer {
+    ) -> Self {
+        Normalizer {
             p,
             strings,
             location_lines: lines,
             opts,
-            locations: IdTable::new(
-                IdIndex::new(p.location.iter().map(|l| l.id)).map_err(bad("location"))?,
-                None,
-            ),
-            fn_index: IdIndex::new(p.function.iter().map(|f| f.id)).map_err(bad("function"))?,
-            map_index: IdIndex::new(p.mapping.iter().map(|m| m.id)).map_err(bad("mapping"))?,
+            locations: IdTable::new(indexes.locations, None),
+            fn_index: indexes.functions,
+            map_index: indexes.mappings,
             fn_ids: vec![None; p.function.len()],
             map_ids: vec![None; p.mapping.len()],
             symbols: Symbols::default(),
@@ -464,7 +462,7 @@ impl<'a> Normalizer<'a> {
             positions: Vec::with_capacity(p.location.len()),
             lines: Vec::new(),
             expected_samples: samples,
-        })
+        }
     }
 
     fn string(&self, index: i64, what: &'static str) -> Result<&'a str, NormalizeError> {
