@@ -400,11 +400,19 @@ async fn ingest_bench(dir: &Path) {
     let srv = start(dir).await;
     let (_, rss_before) = rss_mib();
     let rows_before = counter(&srv.url(), HEAD_ROWS).await;
+    let wal_before = wal_counters(&srv.url()).await;
     let cpu_before = process_cpu_secs();
     let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_secs()).await;
     let busy = (process_cpu_secs() - cpu_before) / el;
     let (_, rss_after) = rss_mib();
     let rows = counter(&srv.url(), HEAD_ROWS).await - rows_before;
+    let wal = wal_counters(&srv.url()).await;
+    let [records, commits, past_fill] = [0, 1, 2].map(|i| wal[i] - wal_before[i]);
+    println!(
+        "info: the WAL over the /ingest run: {records:.0} records in {commits:.0} group commits ({:.1} records a commit, {:.2} ms apart), {past_fill:.0} of them past the zeros written ahead",
+        records / commits.max(1.0),
+        el * 1e3 / commits.max(1.0),
+    );
     let cores = cores();
     println!(
         "figure ingest_single_process: {mbs:.1} MB/s of uncompressed pprof acknowledged ({:.1} MB/s per core over {cores} cores; {reqs} requests in {el:.1} s, clients in the same process) [target >= 50 MB/s per core]",
@@ -1167,6 +1175,16 @@ async fn counter(url: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{url}/metrics has no {name}"))
+}
+
+/// The WAL's records, group commits and commits past its zero fill, as
+/// the server counts them.
+async fn wal_counters(url: &str) -> [f64; 3] {
+    [
+        counter(url, "fathom_ingester_wal_records_total").await,
+        counter(url, "fathom_ingester_wal_fsyncs_total").await,
+        counter(url, "fathom_ingester_wal_commits_past_fill_total").await,
+    ]
 }
 
 /// The CPU time this process has used so far, user and system, every
