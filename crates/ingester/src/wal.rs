@@ -117,13 +117,17 @@ impl Wal {
             replayed += replay_segment(&path, last, &mut apply)?;
         }
         let next = segs.last().map(|n| n + 1).unwrap_or(1);
-        let seg = Segment::new(dir.to_owned(), next, create_segment(dir, next)?);
-        let (tx, rx) = mpsc::channel();
         let progress = Arc::new(Mutex::new((next, 0)));
-        let p = progress.clone();
+        let seg = Segment::new(
+            dir.to_owned(),
+            next,
+            create_segment(dir, next)?,
+            progress.clone(),
+        );
+        let (tx, rx) = mpsc::channel();
         let writer = std::thread::Builder::new()
             .name("fathom-wal".into())
-            .spawn(move || writer(seg, rx, metrics, p))
+            .spawn(move || writer(seg, rx, metrics))
             .map_err(io(dir))?;
         Ok((
             Wal {
@@ -409,17 +413,27 @@ struct Segment {
     /// Bytes of records written to it.
     written: u64,
     fill: Arc<Fill>,
+    /// Where [`Wal::disk_bytes`] reads `n` and `written`.
+    progress: Arc<Progress>,
 }
 
 impl Segment {
-    fn new(dir: PathBuf, n: u64, file: File) -> Segment {
-        Segment {
+    fn new(dir: PathBuf, n: u64, file: File, progress: Arc<Progress>) -> Segment {
+        let seg = Segment {
             dir,
             n,
             file: Arc::new(file),
             written: 0,
             fill: Arc::default(),
-        }
+            progress,
+        };
+        seg.publish();
+        seg
+    }
+
+    /// Shows the records written so far to [`Wal::disk_bytes`].
+    fn publish(&self) {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = (self.n, self.written);
     }
 
     /// Asks the filler for more zeros when few are left ahead.
@@ -454,7 +468,7 @@ impl Segment {
 /// segment's number and its bytes of records.
 type Progress = Mutex<(u64, u64)>;
 
-fn writer(seg: Segment, rx: mpsc::Receiver<Cmd>, m: WalMetrics, progress: Arc<Progress>) {
+fn writer(seg: Segment, rx: mpsc::Receiver<Cmd>, m: WalMetrics) {
     let (fill_tx, fill_rx) = mpsc::channel();
     let filler = std::thread::Builder::new()
         .name("fathom-wal-fill".into())
@@ -497,7 +511,7 @@ fn writer(seg: Segment, rx: mpsc::Receiver<Cmd>, m: WalMetrics, progress: Arc<Pr
                         let n = seg.n + 1;
                         let file = create_segment(&seg.dir, n)?;
                         seg.close();
-                        seg = Segment::new(seg.dir.clone(), n, file);
+                        seg = Segment::new(seg.dir.clone(), n, file, seg.progress.clone());
                         fill_ahead(&seg);
                         Ok(n)
                     });
@@ -506,7 +520,6 @@ fn writer(seg: Segment, rx: mpsc::Receiver<Cmd>, m: WalMetrics, progress: Arc<Pr
             }
         }
         let _ = commit(&mut seg, &mut buf, &mut pending, &m);
-        *progress.lock().unwrap_or_else(|e| e.into_inner()) = (seg.n, seg.written);
         fill_ahead(&seg);
     }
     seg.close();
@@ -567,6 +580,7 @@ fn commit(
     m.fsyncs.inc();
     if r.is_ok() {
         seg.written = end;
+        seg.publish();
     }
     buf.clear();
     for done in pending.drain(..) {
