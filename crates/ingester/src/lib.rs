@@ -693,6 +693,13 @@ impl Ingester {
         out
     }
 
+    /// Stops the WAL once what is waiting is on disk (at shutdown, after
+    /// the last flush): its segment is left holding records alone, without
+    /// the zeros written ahead. Writes after this fail.
+    pub async fn close(&self) {
+        self.wal.close().await;
+    }
+
     /// Whether a cut is due (interval elapsed with data, or size reached).
     pub fn flush_due(&self) -> bool {
         let st = self.state.read();

@@ -55,6 +55,9 @@ enum Cmd {
     Append(bytes::Bytes, oneshot::Sender<Result<(), WalError>>),
     /// Starts a new segment; answers the new segment's number.
     Rotate(oneshot::Sender<Result<u64, WalError>>),
+    /// Commits what is waiting, leaves the segment and stops the writer;
+    /// answered once the segment holds its records alone.
+    Close(oneshot::Sender<()>),
 }
 
 /// A handle to the WAL writer thread.
@@ -62,11 +65,6 @@ pub(crate) struct Wal {
     dir: PathBuf,
     tx: mpsc::Sender<Cmd>,
     progress: Arc<Progress>,
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "tests wait for the writer to stop")
-    )]
-    writer: std::thread::JoinHandle<()>,
 }
 
 fn segment_path(dir: &Path, n: u64) -> PathBuf {
@@ -125,7 +123,7 @@ impl Wal {
             progress.clone(),
         );
         let (tx, rx) = mpsc::channel();
-        let writer = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("fathom-wal".into())
             .spawn(move || writer(seg, rx, metrics))
             .map_err(io(dir))?;
@@ -134,7 +132,6 @@ impl Wal {
                 dir: dir.to_owned(),
                 tx,
                 progress,
-                writer,
             },
             replayed,
         ))
@@ -176,12 +173,14 @@ impl Wal {
         Ok(removed)
     }
 
-    /// Stops the writer and waits until it has left its segment (the
-    /// zeros after the records cut off).
-    #[cfg(test)]
-    pub(crate) fn close(self) {
-        drop(self.tx);
-        self.writer.join().unwrap();
+    /// Commits what is waiting and stops the writer once it has left its
+    /// segment (the zeros after the records cut off); appends after this
+    /// fail with [`WalError::Closed`].
+    pub(crate) async fn close(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Close(tx)).is_ok() {
+            let _ = rx.await;
+        }
     }
 
     /// Bytes of records in all segments on disk (not the zeros written
@@ -235,6 +234,16 @@ fn only_zeros_left(r: &mut impl Read) -> std::io::Result<bool> {
     }
 }
 
+/// Cuts the segment at `path` to its first `len` bytes, durably.
+fn truncate_at(path: &Path, len: u64) -> Result<(), WalError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io(path))?;
+    f.set_len(len).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
 fn replay_segment(
     path: &Path,
     last: bool,
@@ -264,14 +273,14 @@ fn replay_segment(
             // synced before the next starts, and this one did not reach
             // the disk whole); in an older one it must be fill too.
             if last {
-                Some(bad("the records end in the zero fill"))
-            } else {
-                match only_zeros_left(&mut r) {
-                    Ok(true) => return Ok(n),
-                    Ok(false) => return Err(bad("records after the zero fill")),
-                    Err(e) => return Err(io(path)(e)),
-                }
+                truncate_at(path, offset)?;
+                return Ok(n);
             }
+            return match only_zeros_left(&mut r) {
+                Ok(true) => Ok(n),
+                Ok(false) => Err(bad("records after the zero fill")),
+                Err(e) => Err(io(path)(e)),
+            };
         } else {
             let size = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
             let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
@@ -295,17 +304,9 @@ fn replay_segment(
                 offset += 8 + payload.len() as u64;
             }
             Some(e) if last => {
-                // A crash mid-append (or the fill a crash left): the
-                // unacknowledged tail is dropped.
-                if header != [0; 8] {
-                    tracing::warn!(error = %e, "truncating torn wal tail");
-                }
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(io(path))?;
-                f.set_len(offset).map_err(io(path))?;
-                f.sync_all().map_err(io(path))?;
+                // A crash mid-append: the unacknowledged tail is dropped.
+                tracing::warn!(error = %e, "truncating torn wal tail");
+                truncate_at(path, offset)?;
                 return Ok(n);
             }
             Some(e) => return Err(e),
@@ -488,6 +489,7 @@ fn writer(seg: Segment, rx: mpsc::Receiver<Cmd>, m: WalMetrics) {
     let mut pending: Vec<oneshot::Sender<Result<(), WalError>>> = Vec::new();
     let mut buf = Vec::new();
     let mut seg = seg;
+    let mut closed = None;
     fill_ahead(&seg);
     while let Ok(first) = rx.recv() {
         let mut cmds = vec![first];
@@ -517,12 +519,19 @@ fn writer(seg: Segment, rx: mpsc::Receiver<Cmd>, m: WalMetrics) {
                     });
                     let _ = done.send(r);
                 }
+                Cmd::Close(done) => closed = Some(done),
             }
         }
         let _ = commit(&mut seg, &mut buf, &mut pending, &m);
+        if closed.is_some() {
+            break;
+        }
         fill_ahead(&seg);
     }
     seg.close();
+    if let Some(done) = closed {
+        let _ = done.send(());
+    }
 }
 
 /// Asks the kernel to drop the first `written` bytes of `file`, all
@@ -642,7 +651,7 @@ mod tests {
         wal.append(bytes::Bytes::from_static(b"three"))
             .await
             .unwrap();
-        wal.close();
+        wal.close().await;
         // A torn record at the end of the newest segment.
         let p = segment_path(dir.path(), seg);
         let f = OpenOptions::new().write(true).open(&p).unwrap();
@@ -666,7 +675,7 @@ mod tests {
         // Dropping old segments keeps only what is newer.
         let cut = wal.rotate().await.unwrap();
         wal.remove_before(cut).unwrap();
-        wal.close();
+        wal.close().await;
         let (_wal, n) = Wal::open(dir.path(), WalMetrics::default(), |_| {}).unwrap();
         assert_eq!(n, 0);
     }
@@ -699,7 +708,7 @@ mod tests {
         let path = segment_path(dir.path(), seg);
         // Closed, the segment is its records alone (the zeros ahead,
         // cached for the appends to come, are cut off).
-        wal.close();
+        wal.close().await;
         let written = fs::metadata(&path).unwrap().len();
         assert!(written > 4 << 20, "{written} bytes written");
         // Synced pages are dropped as they are written: at most the
@@ -731,7 +740,7 @@ mod tests {
         }
         let seg = *segments(dir.path()).unwrap().last().unwrap();
         let path = segment_path(dir.path(), seg);
-        wal.close();
+        wal.close().await;
         let written = fs::metadata(&path).unwrap().len();
         assert_ne!(written % 4096, 0, "the segment ends mid-page");
         let resident = resident_bytes(&path);
@@ -754,7 +763,7 @@ mod tests {
             .unwrap();
         let first = wal.rotate().await.unwrap() - 1;
         wal.append(bytes::Bytes::from_static(b"x")).await.unwrap();
-        wal.close();
+        wal.close().await;
         let p = segment_path(dir.path(), first);
         let mut bytes = fs::read(&p).unwrap();
         let last = bytes.len() - 1;
@@ -834,7 +843,14 @@ mod tests {
         for p in [&path, &newest] {
             fs::copy(p, copy.path().join(p.file_name().unwrap())).unwrap();
         }
-        wal.close();
+        wal.close().await;
+        assert_eq!(
+            fs::metadata(&newest).unwrap().len(),
+            8 + 4,
+            "closed, the zeros are cut off"
+        );
+        let after = wal.append(bytes::Bytes::from_static(b"late")).await;
+        assert!(matches!(after, Err(WalError::Closed)), "{after:?}");
         let mut got = Vec::new();
         let (_wal, n) =
             Wal::open(copy.path(), WalMetrics::default(), |r| got.push(r.to_vec())).unwrap();
@@ -853,8 +869,8 @@ mod tests {
 
     /// Zeros end an older segment's records only when nothing but zeros
     /// follows; bytes after them are corruption, not a fill.
-    #[test]
-    fn bytes_after_the_zeros_of_an_older_segment_are_an_error() {
+    #[tokio::test]
+    async fn bytes_after_the_zeros_of_an_older_segment_are_an_error() {
         let dir = tempfile::tempdir().unwrap();
         write_segment(dir.path(), 1, &[b"one", b"two"]);
         write_segment(dir.path(), 2, &[b"three"]);
@@ -863,10 +879,9 @@ mod tests {
         bytes.resize(bytes.len() + 100_000, 0);
         fs::write(&p, &bytes).unwrap();
         let mut got = Vec::new();
-        Wal::open(dir.path(), WalMetrics::default(), |r| got.push(r.to_vec()))
-            .unwrap()
-            .0
-            .close();
+        let (wal, _) =
+            Wal::open(dir.path(), WalMetrics::default(), |r| got.push(r.to_vec())).unwrap();
+        wal.close().await;
         assert_eq!(
             got,
             vec![b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]

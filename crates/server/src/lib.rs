@@ -494,6 +494,7 @@ pub async fn serve(
                 tracing::error!(error = %e, "flush at shutdown failed; the WAL keeps the data")
             }
         }
+        ingester.close().await;
     }
     Ok(())
 }
