@@ -119,12 +119,34 @@ pub fn require_python(modules: &str, what: &str) {
     );
 }
 
-/// A free TCP port on loopback.
+/// A free TCP port on loopback, for a process the test starts next.
+///
+/// The port is not held until that process binds it, so it is taken below
+/// the kernel's ephemeral range: a port from binding to port 0 comes from
+/// that range, from which every outgoing connection also draws its local
+/// port, and a connection opened in between could take it (the process
+/// then fails with "address in use"). Each call in this process gets a
+/// port no earlier call got; processes start at different places.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port on loopback")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&low| low > LOW + 1_000)
+        .unwrap_or(32_768);
+    let span = ephemeral_low - LOW;
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = LOW + (start + n) % span;
+        let port = u16::try_from(port).expect("ports below the ephemeral range fit in u16");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on loopback below {ephemeral_low}")
 }
 
 /// A running `fathom all`, killed on drop.
