@@ -1,6 +1,6 @@
 //! What each ingester's head holds, as far as this distributor knows: per
-//! (ingester, tenant), the stacks it acknowledged under the head number its
-//! answers carry (`WriteResponse.head`, which grows with every cut and
+//! tenant, the stacks each ingester acknowledged under the head number its
+//! answers carry (one set of stacks with a bit per ingester) (`WriteResponse.head`, which grows with every cut and
 //! across restarts). A write leaves out the stacks that every replica of
 //! its series holds (record format 5): the pprof normalizer does not build
 //! them and the replicas neither read nor store them again, as a single
@@ -17,15 +17,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fathom_api::cluster::IngesterAddr;
-use fathom_model::{HeldStacks, Id, IdSet, Labels, TenantId};
+use fathom_model::{HeldStacks, Id, IdMap, Labels, TenantId};
 use parking_lot::{Mutex, RwLock};
 
 use crate::ring::{RingKey, replicas};
 
-/// The most stack ids remembered over every ingester and tenant (about 40
-/// bytes each, so ~170 MB at most): past it, everything is forgotten and
-/// learned again from the next writes.
+/// The most stack ids remembered over every tenant (about 30 bytes each,
+/// so ~130 MB at most): past it, everything is forgotten and learned again
+/// from the next writes.
 pub(crate) const MAX_ACKED_STACKS: usize = 1 << 22;
+
+/// The most replicas remembered per tenant: one bit of a stack's mask
+/// each. The stacks a further replica acknowledges are not remembered, so
+/// the writes it takes carry their stacks whole.
+const MAX_REPLICAS_PER_TENANT: usize = u64::BITS as usize;
 
 /// Writes whose reliances ([`Consulted`]) are kept for their sending at
 /// most: a write that left stacks out but was refused before it was sent
@@ -71,14 +76,48 @@ pub(crate) struct Consulted {
 
 #[derive(Default)]
 struct Inner {
-    by: HashMap<(String, TenantId), Entry>,
-    /// Stack ids over every entry.
+    by: HashMap<TenantId, Tenant>,
+    /// Stack ids over every tenant.
     ids: usize,
 }
 
-struct Entry {
+/// What the replicas of one tenant's series acknowledged: one set of
+/// stacks with a bit per replica, so that whether every replica of a
+/// series holds a stack is one lookup, however many replicas it has.
+#[derive(Default)]
+struct Tenant {
+    /// The replicas, by bit: at most [`MAX_REPLICAS_PER_TENANT`].
+    replicas: Vec<Replica>,
+    /// Per stack, the replicas that acknowledged it under their current
+    /// head (never 0: a stack no replica holds is removed).
+    stacks: IdMap<u64>,
+}
+
+struct Replica {
+    ingester: String,
+    /// The head number its stacks were acknowledged under; 0: none
+    /// (forgotten).
     head: u64,
-    stacks: IdSet,
+}
+
+impl Tenant {
+    /// The bit of `ingester`, if it has one.
+    fn bit(&self, ingester: &str) -> Option<u64> {
+        self.replicas
+            .iter()
+            .position(|r| r.ingester == ingester)
+            .map(|i| 1 << i)
+    }
+
+    /// Takes `bit` off every stack, counting those removed off `ids`.
+    fn clear(&mut self, bit: u64, ids: &mut usize) {
+        let before = self.stacks.len();
+        self.stacks.retain(|_, held| {
+            *held &= !bit;
+            *held != 0
+        });
+        *ids -= before - self.stacks.len();
+    }
 }
 
 impl Acked {
@@ -100,36 +139,56 @@ impl Acked {
             return;
         }
         let mut g = self.inner.write();
-        let key = (ingester.to_owned(), tenant.clone());
-        if g.by.get(&key).is_some_and(|e| head < e.head) {
-            // Answered before a cut that a later answer already showed.
-            return;
-        }
         if g.ids >= self.limit {
             g.by.clear();
             g.ids = 0;
         }
         let limit = self.limit;
         let Inner { by, ids } = &mut *g;
-        let e = by.entry(key).or_insert_with(|| Entry {
-            head: 0,
-            stacks: IdSet::default(),
-        });
-        if head > e.head {
-            *ids -= e.stacks.len();
-            e.stacks.clear();
-            e.head = head;
-            remember(&mut e.stacks, ids, limit, named);
+        if !by.contains_key(tenant) {
+            by.insert(tenant.clone(), Tenant::default());
+        }
+        let Some(t) = by.get_mut(tenant) else {
+            return;
+        };
+        let i = match t.replicas.iter().position(|r| r.ingester == ingester) {
+            Some(i) => i,
+            None if t.replicas.len() < MAX_REPLICAS_PER_TENANT => {
+                t.replicas.push(Replica {
+                    ingester: ingester.to_owned(),
+                    head: 0,
+                });
+                t.replicas.len() - 1
+            }
+            None => return,
+        };
+        let bit = 1u64 << i;
+        let known = t.replicas[i].head;
+        if head < known {
+            // Answered before a cut that a later answer already showed.
+            return;
+        }
+        if head > known {
+            if known != 0 {
+                t.clear(bit, ids);
+            }
+            t.replicas[i].head = head;
+            remember(&mut t.stacks, bit, ids, limit, named);
         } else {
-            remember(&mut e.stacks, ids, limit, sent);
+            remember(&mut t.stacks, bit, ids, limit, sent);
         }
     }
 
     /// `ingester`'s head no longer holds what it acknowledged for `tenant`.
     pub(crate) fn forget(&self, ingester: &str, tenant: &TenantId) {
         let mut g = self.inner.write();
-        if let Some(e) = g.by.remove(&(ingester.to_owned(), tenant.clone())) {
-            g.ids -= e.stacks.len();
+        let Inner { by, ids } = &mut *g;
+        let Some(t) = by.get_mut(tenant) else {
+            return;
+        };
+        if let Some(bit) = t.bit(ingester) {
+            t.clear(bit, ids);
+            t.replicas[bit.trailing_zeros() as usize].head = 0;
         }
     }
 
@@ -195,36 +254,37 @@ impl Acked {
         consulted: &Consulted,
     ) -> Vec<bool> {
         let g = self.inner.read();
-        let entries: Option<Vec<(&str, &Entry)>> = to
+        let t = g.by.get(tenant);
+        // The bits of every replica of `to`, if each has one.
+        let all = t.and_then(|t| {
+            to.iter()
+                .try_fold(0u64, |all, r| Some(all | t.bit(&r.id)?))
+                .filter(|&all| all != 0)
+        });
+        let (Some(t), Some(all)) = (t, all) else {
+            return vec![false; ids.len()];
+        };
+        let held: Vec<bool> = ids
             .iter()
-            .map(|r| {
-                g.by.get(&(r.id.clone(), tenant.clone()))
-                    .map(|e| (r.id.as_str(), e))
-            })
+            .map(|id| t.stacks.get(id).is_some_and(|&h| h & all == all))
             .collect();
-        match entries {
-            Some(es) if !es.is_empty() => {
-                let held: Vec<bool> = ids
-                    .iter()
-                    .map(|id| es.iter().all(|(_, e)| e.stacks.contains(id)))
-                    .collect();
-                if held.iter().any(|&h| h) {
-                    let mut heads = consulted.heads.lock();
-                    for (id, e) in &es {
-                        heads
-                            .entry((*id).to_owned())
-                            .and_modify(|h| {
-                                if *h != Some(e.head) {
-                                    *h = None;
-                                }
-                            })
-                            .or_insert(Some(e.head));
-                    }
-                }
-                held
+        if held.contains(&true) {
+            let mut heads = consulted.heads.lock();
+            for r in to {
+                let Some(replica) = t.replicas.iter().find(|x| x.ingester == r.id) else {
+                    continue;
+                };
+                heads
+                    .entry(r.id.clone())
+                    .and_modify(|h| {
+                        if *h != Some(replica.head) {
+                            *h = None;
+                        }
+                    })
+                    .or_insert(Some(replica.head));
             }
-            _ => vec![false; ids.len()],
         }
+        held
     }
 
     /// How many stack ids are remembered (for tests and the debug log).
@@ -234,19 +294,23 @@ impl Acked {
     }
 }
 
-/// Adds `new` to `stacks`, counting them in `ids`, up to `limit` in all.
+/// Marks `new` held by `bit` in `stacks`, counting the stacks added in
+/// `ids`, up to `limit` in all.
 fn remember<'a>(
-    stacks: &mut IdSet,
+    stacks: &mut IdMap<u64>,
+    bit: u64,
     ids: &mut usize,
     limit: usize,
     new: impl IntoIterator<Item = &'a Id>,
 ) {
     for id in new {
-        if *ids >= limit {
-            break;
-        }
-        if stacks.insert(*id) {
-            *ids += 1;
+        match stacks.get_mut(id) {
+            Some(held) => *held |= bit,
+            None if *ids < limit => {
+                stacks.insert(*id, bit);
+                *ids += 1;
+            }
+            None => break,
         }
     }
 }
@@ -344,10 +408,13 @@ mod tests {
         // stacks it named but left out were already there.
         a.acknowledged("ingester-0", &t, 11, &all[..0], &all[3..]);
         assert_eq!(holds(&a, &t, &to, &all), vec![false, false, true, false]);
-        assert_eq!(a.len(), 1 + 3);
+        // Distinct stacks: ingester-0 holds 2, ingester-1 holds 1 to 3.
+        assert_eq!(a.len(), 3);
         a.forget("ingester-1", &t);
         assert_eq!(holds(&a, &t, &to, &all), vec![false; 4]);
         assert_eq!(a.len(), 1);
+        a.forget("ingester-9", &t);
+        assert_eq!(a.len(), 1, "an ingester never seen: nothing to forget");
         // Head 0 (an ingester without head numbers) is never remembered.
         a.acknowledged("ingester-1", &t, 0, &all, &all);
         assert_eq!(a.len(), 1);
@@ -369,6 +436,27 @@ mod tests {
         assert_eq!(a.len(), 5, "started over");
         assert_eq!(holds(&a, &t, &[addr(0)], &many[..1]), vec![false]);
         assert_eq!(holds(&a, &t, &[addr(1)], &more[..1]), vec![true]);
+    }
+
+    /// A tenant's replicas past the bits of a stack's mask are not
+    /// remembered: their stacks are never taken as held.
+    #[test]
+    fn replicas_past_the_mask_are_not_remembered() {
+        let t = TenantId::new("t").unwrap();
+        let a = Acked::default();
+        let all = ids(0..2);
+        for i in 0..=MAX_REPLICAS_PER_TENANT {
+            a.acknowledged(&format!("ingester-{i}"), &t, 1, &all, &all);
+        }
+        let last = MAX_REPLICAS_PER_TENANT - 1;
+        assert_eq!(holds(&a, &t, &[addr(0), addr(last)], &all), vec![true; 2]);
+        let past = addr(MAX_REPLICAS_PER_TENANT);
+        assert_eq!(holds(&a, &t, &[addr(0), past], &all), vec![false; 2]);
+        // A cut of the last remembered replica leaves the others' bits.
+        a.acknowledged(&format!("ingester-{last}"), &t, 2, &all[..1], &all[..1]);
+        assert_eq!(holds(&a, &t, &[addr(last)], &all), vec![true, false]);
+        assert_eq!(holds(&a, &t, &[addr(0)], &all), vec![true; 2]);
+        assert_eq!(a.len(), 2);
     }
 
     /// A write finds the head number each replica's answers came from,
