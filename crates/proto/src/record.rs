@@ -160,6 +160,17 @@ struct Top<'a> {
     stacks: Vec<&'a [u8]>,
 }
 
+/// How many times field `number` occurs at the top level of message `b`
+/// (up to the first framing error, which the full read then reports).
+fn count_fields(b: &[u8], number: u64) -> usize {
+    let mut it = fields(b);
+    let mut n = 0;
+    while let Ok(Some(f)) = it.next_field() {
+        n += usize::from(f.number == number);
+    }
+    n
+}
+
 /// Appends the elements of a repeated varint field (packed, or one
 /// element per occurrence as prost also accepts) to `out`, each as
 /// `conv` makes it of the varint; `None` for another wire type or a bad
@@ -493,7 +504,10 @@ pub(crate) fn decode_held<'k>(
         let (mut pid, mut profile_type) = (&[][..], "");
         let (mut time_nanos, mut duration_nanos, mut period) = (0i64, 0i64, 0i64);
         let mut labels: Vec<(&str, &str)> = Vec::new();
-        let mut samples = Vec::new();
+        // Sized for the samples that name their stack by id, counted
+        // first: grown sample by sample, the vector would be copied at
+        // every doubling and once more when the head trims it.
+        let mut samples = Vec::with_capacity(count_fields(b, 7));
         sample_stacks.clear();
         sample_values.clear();
         each(b, |f| {
@@ -704,6 +718,25 @@ mod tests {
             assert_eq!(part.profiles, b.profiles);
             assert!(part.symbols.locations.contains_key(&l3));
         }
+    }
+
+    /// Samples that name their stack by id land in a vector of their
+    /// number (the head keeps it as it is), not of the next power of two.
+    #[test]
+    fn samples_by_id_are_decoded_into_a_vector_of_their_size() {
+        let mut b = crate::encode::tests::batch();
+        let stack = b.profiles[0].samples[0].stack;
+        b.profiles[0].samples = (0..1000)
+            .map(|value| model::Sample { stack, value })
+            .collect();
+        let rec = crate::write_request_format3(&b).encode_to_vec();
+        let got = decode_direct(&rec).unwrap();
+        assert_eq!(got.profiles, b.profiles);
+        for p in &got.profiles {
+            assert_eq!(p.samples.capacity(), p.samples.len());
+        }
+        assert_eq!(count_fields(&rec, 2), b.profiles.len());
+        assert_eq!(count_fields(&rec, 99), 0);
     }
 
     #[test]
