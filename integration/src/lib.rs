@@ -239,6 +239,11 @@ impl Fathom {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let t0 = Instant::now();
         loop {

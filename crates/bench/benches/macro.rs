@@ -985,7 +985,10 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
 
     let d = tempfile::tempdir().unwrap();
     let mut single = Fathom::start(&d.path().join("all"), &[]).unwrap();
+    let single_pid: Vec<u32> = single.pid().into_iter().collect();
+    let cpu0 = cpu_seconds(&single_pid);
     let (one, reqs1, el1) = rt.block_on(push_for(vec![single.url("")], secs));
+    let one_cpu = cpu_seconds(&single_pid) - cpu0;
     single.stop().unwrap();
     drop(single);
 
@@ -998,7 +1001,29 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     )
     .unwrap();
     let urls: Vec<String> = c.distributors.iter().map(|p| p.url("")).collect();
+    let pids: Vec<u32> = c
+        .metastores
+        .iter()
+        .chain(&c.ingesters)
+        .chain(&c.distributors)
+        .chain([&c.querier, &c.compactor])
+        .filter_map(|p| p.pid())
+        .collect();
+    let cpu0 = cpu_seconds(&pids);
     let (rf3, reqs3, el3) = rt.block_on(push_for(urls.clone(), secs));
+    let rf3_cpu = cpu_seconds(&pids) - cpu0;
+    // CPU a MB acknowledged: what the cluster's own work costs, whatever
+    // the cores were doing besides (the figures above move with the
+    // machine's other load, this less).
+    let per_mb = |cpu: f64, mbs: f64, el: f64| 1000.0 * cpu / (mbs * el);
+    let (c3, c1) = (per_mb(rf3_cpu, rf3, el3), per_mb(one_cpu, one, el1));
+    println!(
+        "figure ingest_cluster_rf3_cpu_per_mb: {c3:.1} ms of CPU a MB acknowledged ({} processes, {:.2} cores busy) next to ingest_single_process_as_process_cpu_per_mb: {c1:.1} ({:.2} cores busy): ratio {:.2}",
+        pids.len(),
+        rf3_cpu / el3,
+        one_cpu / el1,
+        c1 / c3
+    );
     println!(
         "figure ingest_cluster_rf3: {rf3:.1} MB/s of uncompressed pprof acknowledged ({reqs3} requests in {el3:.1} s; 2 distributors, 3 ingesters, every write on 3 WALs) next to ingest_single_process_as_process: {one:.1} MB/s ({reqs1} requests in {el1:.1} s), same binary, same clients, same {cores}-core machine: ratio {:.2}",
         rf3 / one
@@ -1159,6 +1184,25 @@ fn main() {
             }
         }
     });
+}
+
+/// CPU seconds (user and system) the processes `pids` have used so far,
+/// from `/proc/<pid>/stat`; a process that is gone counts nothing.
+#[allow(unsafe_code)]
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf reads a constant of the system.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Fields after the command name (which may hold spaces):
+            // state is the 3rd field, utime the 14th, stime the 15th.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split(' ').collect();
+            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / tick)
+        })
+        .sum()
 }
 
 /// The ingester's counter of sample rows added to heads.
