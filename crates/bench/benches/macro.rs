@@ -1186,25 +1186,6 @@ fn main() {
     });
 }
 
-/// CPU seconds (user and system) the processes `pids` have used so far,
-/// from `/proc/<pid>/stat`; a process that is gone counts nothing.
-#[allow(unsafe_code)]
-fn cpu_seconds(pids: &[u32]) -> f64 {
-    // SAFETY: sysconf reads a constant of the system.
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    pids.iter()
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // Fields after the command name (which may hold spaces):
-            // state is the 3rd field, utime the 14th, stime the 15th.
-            let rest = &stat[stat.rfind(')')? + 2..];
-            let f: Vec<&str> = rest.split(' ').collect();
-            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / tick)
-        })
-        .sum()
-}
-
 /// The ingester's counter of sample rows added to heads.
 const HEAD_ROWS: &str = "fathom_ingester_samples_total";
 
@@ -1229,6 +1210,25 @@ async fn wal_counters(url: &str) -> [f64; 3] {
         counter(url, "fathom_ingester_wal_fsyncs_total").await,
         counter(url, "fathom_ingester_wal_commits_past_fill_total").await,
     ]
+}
+
+/// CPU seconds (user and system) the processes `pids` have used so far,
+/// from `/proc/<pid>/stat`; a process that is gone counts nothing.
+#[allow(unsafe_code)]
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf reads a constant of the system.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    pids.iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Fields after the command name (which may hold spaces):
+            // state is the 3rd field, utime the 14th, stime the 15th.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split(' ').collect();
+            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / tick)
+        })
+        .sum()
 }
 
 /// The CPU time this process has used so far, user and system, every

@@ -1,7 +1,7 @@
 //! What each ingester's head holds, as far as this distributor knows: per
 //! tenant, the stacks each ingester acknowledged under the head number its
-//! answers carry (one set of stacks with a bit per ingester) (`WriteResponse.head`, which grows with every cut and
-//! across restarts). A write leaves out the stacks that every replica of
+//! answers carry (`WriteResponse.head`, which grows with every cut and
+//! across restarts), as one set of stacks with a bit per ingester. A write leaves out the stacks that every replica of
 //! its series holds (record format 5): the pprof normalizer does not build
 //! them and the replicas neither read nor store them again, as a single
 //! process's ingester does for its own head.
@@ -28,8 +28,9 @@ use crate::ring::{RingKey, replicas};
 pub(crate) const MAX_ACKED_STACKS: usize = 1 << 22;
 
 /// The most replicas remembered per tenant: one bit of a stack's mask
-/// each. The stacks a further replica acknowledges are not remembered, so
-/// the writes it takes carry their stacks whole.
+/// each. A further replica takes the bit of the one acknowledged least
+/// recently (an ingester that left the ring stops answering), whose
+/// stacks are forgotten.
 const MAX_REPLICAS_PER_TENANT: usize = u64::BITS as usize;
 
 /// Writes whose reliances ([`Consulted`]) are kept for their sending at
@@ -79,6 +80,8 @@ struct Inner {
     by: HashMap<TenantId, Tenant>,
     /// Stack ids over every tenant.
     ids: usize,
+    /// Counts acknowledgements: when each replica was last heard from.
+    clock: u64,
 }
 
 /// What the replicas of one tenant's series acknowledged: one set of
@@ -98,15 +101,38 @@ struct Replica {
     /// The head number its stacks were acknowledged under; 0: none
     /// (forgotten).
     head: u64,
+    /// [`Inner::clock`] at its last acknowledgement.
+    last: u64,
 }
 
 impl Tenant {
-    /// The bit of `ingester`, if it has one.
-    fn bit(&self, ingester: &str) -> Option<u64> {
-        self.replicas
-            .iter()
-            .position(|r| r.ingester == ingester)
-            .map(|i| 1 << i)
+    /// The position (and bit) of `ingester`, if it has one.
+    fn slot(&self, ingester: &str) -> Option<usize> {
+        self.replicas.iter().position(|r| r.ingester == ingester)
+    }
+
+    /// The position of `ingester`, given one: a new bit while there are
+    /// bits left, else the least recently acknowledged replica's, its
+    /// stacks forgotten.
+    fn slot_for(&mut self, ingester: &str, ids: &mut usize) -> usize {
+        if let Some(i) = self.slot(ingester) {
+            return i;
+        }
+        let fresh = Replica {
+            ingester: ingester.to_owned(),
+            head: 0,
+            last: 0,
+        };
+        if self.replicas.len() < MAX_REPLICAS_PER_TENANT {
+            self.replicas.push(fresh);
+            return self.replicas.len() - 1;
+        }
+        let i = (0..self.replicas.len())
+            .min_by_key(|&i| self.replicas[i].last)
+            .unwrap_or(0);
+        self.clear(1 << i, ids);
+        self.replicas[i] = fresh;
+        i
     }
 
     /// Takes `bit` off every stack, counting those removed off `ids`.
@@ -144,25 +170,12 @@ impl Acked {
             g.ids = 0;
         }
         let limit = self.limit;
-        let Inner { by, ids } = &mut *g;
-        if !by.contains_key(tenant) {
-            by.insert(tenant.clone(), Tenant::default());
-        }
-        let Some(t) = by.get_mut(tenant) else {
-            return;
-        };
-        let i = match t.replicas.iter().position(|r| r.ingester == ingester) {
-            Some(i) => i,
-            None if t.replicas.len() < MAX_REPLICAS_PER_TENANT => {
-                t.replicas.push(Replica {
-                    ingester: ingester.to_owned(),
-                    head: 0,
-                });
-                t.replicas.len() - 1
-            }
-            None => return,
-        };
+        let Inner { by, ids, clock } = &mut *g;
+        *clock += 1;
+        let t = by.entry(tenant.clone()).or_default();
+        let i = t.slot_for(ingester, ids);
         let bit = 1u64 << i;
+        t.replicas[i].last = *clock;
         let known = t.replicas[i].head;
         if head < known {
             // Answered before a cut that a later answer already showed.
@@ -182,13 +195,13 @@ impl Acked {
     /// `ingester`'s head no longer holds what it acknowledged for `tenant`.
     pub(crate) fn forget(&self, ingester: &str, tenant: &TenantId) {
         let mut g = self.inner.write();
-        let Inner { by, ids } = &mut *g;
+        let Inner { by, ids, .. } = &mut *g;
         let Some(t) = by.get_mut(tenant) else {
             return;
         };
-        if let Some(bit) = t.bit(ingester) {
-            t.clear(bit, ids);
-            t.replicas[bit.trailing_zeros() as usize].head = 0;
+        if let Some(i) = t.slot(ingester) {
+            t.clear(1 << i, ids);
+            t.replicas[i].head = 0;
         }
     }
 
@@ -258,7 +271,7 @@ impl Acked {
         // The bits of every replica of `to`, if each has one.
         let all = t.and_then(|t| {
             to.iter()
-                .try_fold(0u64, |all, r| Some(all | t.bit(&r.id)?))
+                .try_fold(0u64, |all, r| Some(all | 1 << t.slot(&r.id)?))
                 .filter(|&all| all != 0)
         });
         let (Some(t), Some(all)) = (t, all) else {
@@ -270,12 +283,10 @@ impl Acked {
             .collect();
         if held.contains(&true) {
             let mut heads = consulted.heads.lock();
-            for r in to {
-                let Some(replica) = t.replicas.iter().find(|x| x.ingester == r.id) else {
-                    continue;
-                };
+            // Every replica of `to` has a slot: `all` has its bit.
+            for replica in to.iter().filter_map(|r| Some(&t.replicas[t.slot(&r.id)?])) {
                 heads
-                    .entry(r.id.clone())
+                    .entry(replica.ingester.clone())
                     .and_modify(|h| {
                         if *h != Some(replica.head) {
                             *h = None;
@@ -438,22 +449,29 @@ mod tests {
         assert_eq!(holds(&a, &t, &[addr(1)], &more[..1]), vec![true]);
     }
 
-    /// A tenant's replicas past the bits of a stack's mask are not
-    /// remembered: their stacks are never taken as held.
+    /// Past the bits of a stack's mask, a new replica takes the bit of
+    /// the one acknowledged least recently, whose stacks are forgotten;
+    /// a cut of one replica leaves the others' bits.
     #[test]
-    fn replicas_past_the_mask_are_not_remembered() {
+    fn a_new_replica_past_the_mask_takes_the_least_recent_bit() {
         let t = TenantId::new("t").unwrap();
         let a = Acked::default();
         let all = ids(0..2);
-        for i in 0..=MAX_REPLICAS_PER_TENANT {
-            a.acknowledged(&format!("ingester-{i}"), &t, 1, &all, &all);
+        let name = |i: usize| format!("ingester-{i}");
+        for i in 0..MAX_REPLICAS_PER_TENANT {
+            a.acknowledged(&name(i), &t, 1, &all, &all);
         }
+        // ingester-0 answers again: ingester-1 is now the least recent.
+        a.acknowledged(&name(0), &t, 1, &all[..0], &all);
         let last = MAX_REPLICAS_PER_TENANT - 1;
-        assert_eq!(holds(&a, &t, &[addr(0), addr(last)], &all), vec![true; 2]);
-        let past = addr(MAX_REPLICAS_PER_TENANT);
-        assert_eq!(holds(&a, &t, &[addr(0), past], &all), vec![false; 2]);
-        // A cut of the last remembered replica leaves the others' bits.
-        a.acknowledged(&format!("ingester-{last}"), &t, 2, &all[..1], &all[..1]);
+        assert_eq!(holds(&a, &t, &[addr(1), addr(last)], &all), vec![true; 2]);
+        let new = MAX_REPLICAS_PER_TENANT;
+        a.acknowledged(&name(new), &t, 1, &all[..1], &all[..1]);
+        assert_eq!(holds(&a, &t, &[addr(new)], &all), vec![true, false]);
+        assert_eq!(holds(&a, &t, &[addr(1)], &all), vec![false; 2], "evicted");
+        assert_eq!(holds(&a, &t, &[addr(0), addr(2)], &all), vec![true; 2]);
+        // A cut of one replica leaves the others' bits.
+        a.acknowledged(&name(last), &t, 2, &all[..1], &all[..1]);
         assert_eq!(holds(&a, &t, &[addr(last)], &all), vec![true, false]);
         assert_eq!(holds(&a, &t, &[addr(0)], &all), vec![true; 2]);
         assert_eq!(a.len(), 2);

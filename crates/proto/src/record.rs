@@ -163,11 +163,11 @@ struct Top<'a> {
 /// How many times field `number` occurs at the top level of message `b`
 /// (up to the first framing error, which the full read then reports).
 fn count_fields(b: &[u8], number: u64) -> usize {
-    let mut it = fields(b);
     let mut n = 0;
-    while let Ok(Some(f)) = it.next_field() {
+    each(b, |f| {
         n += usize::from(f.number == number);
-    }
+        Some(())
+    });
     n
 }
 
