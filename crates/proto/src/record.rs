@@ -161,11 +161,15 @@ struct Top<'a> {
 }
 
 /// How many times field `number` occurs at the top level of message `b`
-/// (up to the first framing error, which the full read then reports).
-fn count_fields(b: &[u8], number: u64) -> usize {
+/// with a payload of `min` bytes or more (up to the first framing error,
+/// which the full read then reports). With `min` the least a valid
+/// element takes, what is allocated by the count stays in proportion to
+/// what can be decoded: a record of empty elements allocates nothing.
+fn count_fields(b: &[u8], number: u64, min: usize) -> usize {
     let mut n = 0;
     each(b, |f| {
-        n += usize::from(f.number == number);
+        let long = matches!(f.value, Value::Bytes(p) if p.len() >= min);
+        n += usize::from(f.number == number && long);
         Some(())
     });
     n
@@ -507,7 +511,8 @@ pub(crate) fn decode_held<'k>(
         // Sized for the samples that name their stack by id, counted
         // first: grown sample by sample, the vector would be copied at
         // every doubling and once more when the head trims it.
-        let mut samples = Vec::with_capacity(count_fields(b, 7));
+        // A sample's stack id alone takes 18 bytes.
+        let mut samples = Vec::with_capacity(count_fields(b, 7, 18));
         sample_stacks.clear();
         sample_values.clear();
         each(b, |f| {
@@ -735,8 +740,16 @@ mod tests {
         for p in &got.profiles {
             assert_eq!(p.samples.capacity(), p.samples.len());
         }
-        assert_eq!(count_fields(&rec, 2), b.profiles.len());
-        assert_eq!(count_fields(&rec, 99), 0);
+        assert_eq!(count_fields(&rec, 2, 0), b.profiles.len());
+        assert_eq!(count_fields(&rec, 99, 0), 0);
+        // A profile of empty samples (refused: no stack) is not counted,
+        // so a large damaged record allocates nothing for them.
+        let mut empty = Vec::new();
+        for _ in 0..1000 {
+            empty.extend_from_slice(&[7 << 3 | 2, 0]);
+        }
+        assert_eq!(count_fields(&empty, 7, 18), 0);
+        assert_eq!(count_fields(&empty, 7, 0), 1000);
     }
 
     #[test]
