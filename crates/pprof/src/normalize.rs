@@ -552,6 +552,39 @@ impl<'a> Normalizer<'a> {
                 location: id,
             })?;
         debug_assert!(memo.is_none(), "location_id answers a known location");
+        let memo = self.location_memo(pos)?;
+        if let Some(e) = self.locations.get_mut(id) {
+            e.1 = Some(memo);
+        }
+        Ok(memo)
+    }
+
+    /// Computes the ids of every location of the profile in the order of
+    /// its table, before the samples are read: the table, its lines and
+    /// (in most profiles) its functions are then read front to back, where
+    /// in the order the samples first name them they were read at random,
+    /// a cache miss a location. A location whose ids fail (a function or
+    /// mapping that does not exist) is left for the samples: the error is
+    /// reported only if a sample names it, as before.
+    fn all_location_ids(&mut self) {
+        let p = self.p;
+        for (pos, l) in p.location.iter().enumerate() {
+            let Some((_, None)) = self.locations.get_mut(l.id) else {
+                continue;
+            };
+            // Fewer than u32::MAX: the decoder's limits bound the locations.
+            if let Ok(memo) = self.location_memo(pos as u32)
+                && let Some(e) = self.locations.get_mut(l.id)
+            {
+                e.1 = Some(memo);
+            }
+        }
+    }
+
+    /// The ids of the location at `pos` of the table, remembered in the
+    /// frame index (its model id and index among `frame_index.locations`);
+    /// nothing is remembered when it fails.
+    fn location_memo(&mut self, pos: u32) -> Result<(Id, u32), NormalizeError> {
         let l = &self.p.location[pos as usize];
         let mapping = self.mapping_id(l.id, l.mapping_id)?;
         let mut lines = std::mem::take(&mut self.lines);
@@ -570,9 +603,6 @@ impl<'a> Normalizer<'a> {
         let memo = (lid, self.frame_index.locations.len() as u32);
         self.frame_index.locations.push(lid);
         self.positions.push(pos);
-        if let Some(e) = self.locations.get_mut(id) {
-            e.1 = Some(memo);
-        }
         Ok(memo)
     }
 
@@ -822,6 +852,9 @@ impl<'a> Normalizer<'a> {
         // The profile's stacks, once there are several series.
         let mut seen: Option<fathom_model::IdSet> = None;
 
+        // Every location first, in table order (a profile's samples name
+        // nearly all of its locations).
+        self.all_location_ids();
         let mut next = 0usize;
         while let Some(s) = samples.next_sample() {
             let s = s.map_err(Stopped::Source)?;
@@ -1406,5 +1439,39 @@ mod tests {
             normalize(&p, &NormalizeOptions::default()),
             Err(NormalizeError::StringIndex { index: 999, .. })
         ));
+    }
+
+    /// Every location's ids are computed before the samples are read, but
+    /// a location no sample names is not checked: one naming a function
+    /// that does not exist refuses the profile only once a sample names it.
+    #[test]
+    fn a_bad_location_no_sample_names_is_not_an_error() {
+        let good = normalize(&labelled(), &NormalizeOptions::default()).expect("labelled");
+        let mut p = labelled();
+        p.location.push(pprof::Location {
+            id: 3,
+            address: 48,
+            line: vec![pprof::Line {
+                function_id: 99,
+                line: 1,
+                column: 0,
+            }],
+            ..Default::default()
+        });
+        let n = normalize(&p, &NormalizeOptions::default()).expect("location 3 is not named");
+        assert_eq!(n, good);
+        assert_eq!(
+            n.symbols.frame_index.as_ref().map(|f| f.locations.len()),
+            Some(2),
+            "the frame index keeps the locations the stacks name"
+        );
+        p.sample[0].location_id.push(3);
+        assert_eq!(
+            normalize(&p, &NormalizeOptions::default()),
+            Err(NormalizeError::UnknownFunction {
+                location: 3,
+                function: 99
+            })
+        );
     }
 }
