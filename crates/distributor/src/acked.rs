@@ -1,10 +1,11 @@
 //! What each ingester's head holds, as far as this distributor knows: per
 //! tenant, the stacks each ingester acknowledged under the head number its
 //! answers carry (`WriteResponse.head`, which grows with every cut and
-//! across restarts), as one set of stacks with a bit per ingester. A write leaves out the stacks that every replica of
-//! its series holds (record format 5): the pprof normalizer does not build
-//! them and the replicas neither read nor store them again, as a single
-//! process's ingester does for its own head.
+//! across restarts), as one set of stacks with a bit per ingester. A
+//! write leaves out the stacks that every replica of its series holds
+//! (record format 5): the pprof normalizer does not build them and the
+//! replicas neither read nor store them again, as a single process's
+//! ingester does for its own head.
 //!
 //! What is remembered may be stale: a head cut or an ingester restarted
 //! since. The replica then refuses the record (`FAILED_PRECONDITION`),

@@ -539,9 +539,11 @@ impl<'a> Normalizer<'a> {
         self.first_location_id(sample, id)
     }
 
-    /// [`Normalizer::location_id`] of a location not named before: its
-    /// ids computed and remembered (out of line, so the lookup above stays
-    /// small where it is inlined).
+    /// [`Normalizer::location_id`] of a location without ids: one the
+    /// profile does not have, or one whose ids
+    /// [`Normalizer::all_location_ids`] could not compute, which computing
+    /// them again reports (out of line, so the lookup above stays small
+    /// where it is inlined).
     #[inline(never)]
     fn first_location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
         let (pos, memo) = *self
@@ -569,9 +571,6 @@ impl<'a> Normalizer<'a> {
     fn all_location_ids(&mut self) {
         let p = self.p;
         for (pos, l) in p.location.iter().enumerate() {
-            let Some((_, None)) = self.locations.get_mut(l.id) else {
-                continue;
-            };
             // Fewer than u32::MAX: the decoder's limits bound the locations.
             if let Ok(memo) = self.location_memo(pos as u32)
                 && let Some(e) = self.locations.get_mut(l.id)
