@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 
 use fathom_model::{
     Function, Id, IdHasher, Labels, Line, Location, Mapping, Profile, ProfileType, Sample, Stack,
@@ -341,7 +342,11 @@ pub fn sanitize_label_name(key: &str) -> Option<String> {
 
 struct Series {
     labels: Labels,
-    slot_of: fathom_model::IdMap<u32>,
+    /// Each stack's slot (its index in `stacks`), found by the stack id's
+    /// hash: 4 bytes a stack where a map from ids to slots takes 24, so
+    /// that the table of a large profile's series stays in the cache
+    /// (inserting into such a map was 9 % of a process's ingest).
+    slots: hashbrown::HashTable<u32>,
     stacks: Vec<Id>,
     /// `stacks.len() × types` sums, row-major.
     values: Vec<i64>,
@@ -527,23 +532,11 @@ impl<'a> Normalizer<'a> {
         Ok(fid)
     }
 
-    /// The model id of pprof location `id` and its index among
-    /// `frame_index.locations`. Only ids are computed (nothing is copied):
-    /// the tables are built at the end for the stacks kept.
-    #[inline]
-    fn location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
-        // Most frames name a location an earlier sample named.
-        if let Some((_, Some(memo))) = self.locations.get_mut(id) {
-            return Ok(*memo);
-        }
-        self.first_location_id(sample, id)
-    }
-
-    /// [`Normalizer::location_id`] of a location without ids: one the
-    /// profile does not have, or one whose ids
+    /// The model id and index among `frame_index.locations` of pprof
+    /// location `id` when the sample loop does not find them in place: a
+    /// location the profile does not have, or one whose ids
     /// [`Normalizer::all_location_ids`] could not compute, which computing
-    /// them again reports (out of line, so the lookup above stays small
-    /// where it is inlined).
+    /// them again reports (out of line, so that the loop stays small).
     #[inline(never)]
     fn first_location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
         let (pos, memo) = *self
@@ -553,7 +546,10 @@ impl<'a> Normalizer<'a> {
                 sample,
                 location: id,
             })?;
-        debug_assert!(memo.is_none(), "location_id answers a known location");
+        debug_assert!(
+            memo.is_none(),
+            "the sample loop reads a known location in place"
+        );
         let memo = self.location_memo(pos)?;
         if let Some(e) = self.locations.get_mut(id) {
             e.1 = Some(memo);
@@ -845,6 +841,9 @@ impl<'a> Normalizer<'a> {
         // A sample's locations, as indexes (its ids go to the hasher).
         let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
+        // Keyed (a random seed a process), as every map of ids: crafted
+        // stacks cannot choose their slots.
+        let id_hash = foldhash::fast::RandomState::default();
         // The head's generation is read before its first answer, so a cut
         // since shows as another generation.
         let generation = self.opts.held.as_deref().map(|h| h.generation());
@@ -916,10 +915,7 @@ impl<'a> Normalizer<'a> {
                             let expect = if series.is_empty() { expected } else { 0 };
                             series.push(Series {
                                 labels: labels.clone(),
-                                slot_of: fathom_model::IdMap::with_capacity_and_hasher(
-                                    expect,
-                                    Default::default(),
-                                ),
+                                slots: hashbrown::HashTable::with_capacity(expect),
                                 stacks: Vec::with_capacity(expect),
                                 values: Vec::with_capacity(expect.saturating_mul(ntypes)),
                             });
@@ -939,7 +935,13 @@ impl<'a> Normalizer<'a> {
             frames.clear();
             stack_hasher.begin(s.location_id.len());
             for &lid in &s.location_id {
-                let (id, index) = self.location_id(si, lid)?;
+                // Every location's ids are in place once `all_location_ids`
+                // ran: read there, not returned through a `Result`, whose
+                // copies through the stack were a tenth of the loop.
+                let (id, index) = match self.locations.get_mut(lid) {
+                    Some(&mut (_, Some(memo))) => memo,
+                    _ => self.first_location_id(si, lid)?,
+                };
                 stack_hasher.push(&id);
                 frames.push(index);
             }
@@ -947,9 +949,12 @@ impl<'a> Normalizer<'a> {
 
             let several = series.len() > 1;
             let ser = &mut series[sidx];
-            let slot = match ser.slot_of.entry(stack_id) {
-                std::collections::hash_map::Entry::Occupied(e) => *e.get() as usize,
-                std::collections::hash_map::Entry::Vacant(e) => {
+            let stacks = &ser.stacks;
+            let same = |s: &u32| stacks.get(*s as usize) == Some(&stack_id);
+            let rehash = |s: &u32| stacks.get(*s as usize).map_or(0, |id| id_hash.hash_one(id));
+            let slot = match ser.slots.entry(id_hash.hash_one(stack_id), same, rehash) {
+                hashbrown::hash_table::Entry::Occupied(e) => *e.get() as usize,
+                hashbrown::hash_table::Entry::Vacant(e) => {
                     // New to this series, so new to the profile while there
                     // is one series; with more, a set of the profile's
                     // stacks (built when the second one appears) says.
