@@ -937,7 +937,8 @@ impl<'a> Normalizer<'a> {
             for &lid in &s.location_id {
                 // Every location's ids are in place once `all_location_ids`
                 // ran: read there, not returned through a `Result`, whose
-                // copies through the stack were a tenth of the loop.
+                // copies through the stack held about a seventh of this
+                // loop's own time in `perf annotate`.
                 let (id, index) = match self.locations.get_mut(lid) {
                     Some(&mut (_, Some(memo))) => memo,
                     _ => self.first_location_id(si, lid)?,
