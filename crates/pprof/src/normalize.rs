@@ -344,8 +344,8 @@ struct Series {
     labels: Labels,
     /// Each stack's slot (its index in `stacks`), found by the stack id's
     /// hash: 4 bytes a stack where a map from ids to slots takes 24, so
-    /// that the table of a large profile's series stays in the cache
-    /// (inserting into such a map was 9 % of a process's ingest).
+    /// that a large profile's table is a sixth of the memory (inserting
+    /// into such a map was 9 % of a process's ingest).
     slots: hashbrown::HashTable<u32>,
     stacks: Vec<Id>,
     /// `stacks.len() × types` sums, row-major.
@@ -841,8 +841,8 @@ impl<'a> Normalizer<'a> {
         // A sample's locations, as indexes (its ids go to the hasher).
         let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
-        // Keyed (a random seed a process), as every map of ids: crafted
-        // stacks cannot choose their slots.
+        // Keyed with a random seed, as every map of ids: crafted stacks
+        // cannot choose their slots.
         let id_hash = foldhash::fast::RandomState::default();
         // The head's generation is read before its first answer, so a cut
         // since shows as another generation.
