@@ -64,10 +64,14 @@ impl fmt::Display for Id {
 /// times cheaper than std's SipHash for 16-byte keys (every symbol table,
 /// normalize's per-sample lookups), still keyed so that crafted input
 /// cannot choose collisions.
-pub type IdMap<V> = std::collections::HashMap<Id, V, foldhash::fast::RandomState>;
+pub type IdMap<V> = std::collections::HashMap<Id, V, IdHashState>;
 
 /// A set of [`Id`]s, hashed as [`IdMap`] keys.
-pub type IdSet = std::collections::HashSet<Id, foldhash::fast::RandomState>;
+pub type IdSet = std::collections::HashSet<Id, IdHashState>;
+
+/// The keyed hash of [`IdMap`] and [`IdSet`], for tables of ids built
+/// another way (normalize's slots of a series' stacks).
+pub type IdHashState = foldhash::fast::RandomState;
 
 /// Builds an [`Id`] from a canonical, unambiguous encoding of fields: every
 /// variable-length field is length-prefixed, so `("ab","c")` and `("a","bc")`

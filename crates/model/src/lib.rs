@@ -28,7 +28,7 @@ mod symbols;
 mod tenant;
 
 pub use demangle::demangle;
-pub use ids::{Id, IdHasher, IdMap, IdSet};
+pub use ids::{Id, IdHashState, IdHasher, IdMap, IdSet};
 pub use labels::{LabelError, Labels, SERVICE_NAME, valid_label_name};
 pub use profile::{IngestBatch, Profile, Sample, series_id};
 pub use profile_type::{ProfileType, ProfileTypeError};

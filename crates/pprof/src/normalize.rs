@@ -538,7 +538,7 @@ impl<'a> Normalizer<'a> {
     /// [`Normalizer::all_location_ids`] could not compute, which computing
     /// them again reports (out of line, so that the loop stays small).
     #[inline(never)]
-    fn first_location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
+    fn missing_location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
         let (pos, memo) = *self
             .locations
             .get_mut(id)
@@ -841,9 +841,9 @@ impl<'a> Normalizer<'a> {
         // A sample's locations, as indexes (its ids go to the hasher).
         let mut frames: Vec<u32> = Vec::new();
         let mut stack_hasher = StackHasher::default();
-        // Keyed with a random seed, as every map of ids: crafted stacks
-        // cannot choose their slots.
-        let id_hash = foldhash::fast::RandomState::default();
+        // The keyed hash of every map of ids: crafted stacks cannot
+        // choose their slots.
+        let id_hash = fathom_model::IdHashState::default();
         // The head's generation is read before its first answer, so a cut
         // since shows as another generation.
         let generation = self.opts.held.as_deref().map(|h| h.generation());
@@ -941,7 +941,7 @@ impl<'a> Normalizer<'a> {
                 // loop's own time in `perf annotate`.
                 let (id, index) = match self.locations.get_mut(lid) {
                     Some(&mut (_, Some(memo))) => memo,
-                    _ => self.first_location_id(si, lid)?,
+                    _ => self.missing_location_id(si, lid)?,
                 };
                 stack_hasher.push(&id);
                 frames.push(index);
