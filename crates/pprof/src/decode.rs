@@ -227,8 +227,14 @@ struct CheckedSamples<'a> {
 }
 
 impl crate::normalize::Samples for CheckedSamples<'_> {
-    type Stop = ();
-    fn next_sample(&mut self) -> Option<Result<&pprof::Sample, ()>> {
+    type Stop = wire::LeftToDecode;
+    type Ids<'s>
+        = wire::PackedIds<'s>
+    where
+        Self: 's;
+    fn next_sample(
+        &mut self,
+    ) -> Option<Result<crate::normalize::SampleRef<'_, wire::PackedIds<'_>>, Self::Stop>> {
         let strings = self.strings;
         let in_range = |i: i64| i == 0 || usize::try_from(i).is_ok_and(|i| i < strings);
         Some(match self.wire.next_sample()? {
@@ -239,7 +245,7 @@ impl crate::normalize::Samples for CheckedSamples<'_> {
             {
                 Ok(s)
             }
-            _ => Err(()),
+            _ => Err(wire::LeftToDecode),
         })
     }
 }
@@ -608,6 +614,68 @@ mod tests {
                 DecodeError::DecodedTooLarge { .. }
             ))
         ));
+    }
+
+    /// The one pass reads a sample's location ids from the wire as they
+    /// come: one packed field, unpacked ids, or several fields mixing
+    /// both all give the result of a full decode; a field that cuts a
+    /// varint, or a varint too long, is left to the full decode, which
+    /// refuses it.
+    #[test]
+    fn one_pass_reads_location_ids_however_they_are_sent() {
+        let opts = crate::NormalizeOptions::default();
+        let limits = Limits::default();
+        let mut p = tiny();
+        for id in [2, 300] {
+            let mut l = p.location[0].clone();
+            l.id = id;
+            l.line[0].line = id as i64;
+            p.location.push(l);
+        }
+        p.sample[0].location_id = vec![1, 300, 2];
+        let want = crate::normalize(&p, &opts).unwrap();
+        let packed = p.encode_to_vec();
+        assert_eq!(
+            normalize_protobuf(&packed, &limits, &opts).as_ref(),
+            Some(&want)
+        );
+        // The profile without its sample, then one whose field 1 (the
+        // ids) is written as `ids`; its value is 5, packed.
+        let mut rest = p.clone();
+        rest.sample.clear();
+        let with_ids = |ids: &[u8]| {
+            let mut sample = ids.to_vec();
+            sample.extend_from_slice(&[0x12, 1, 5]);
+            let mut b = rest.encode_to_vec();
+            b.push(0x12);
+            prost::encoding::encode_varint(sample.len() as u64, &mut b);
+            b.extend_from_slice(&sample);
+            b
+        };
+        // 300 is the varint ac 02.
+        let unpacked = [0x08, 1, 0x08, 0xac, 0x02, 0x08, 2];
+        let split = [0x0a, 1, 1, 0x0a, 3, 0xac, 0x02, 2];
+        let mixed = [0x0a, 1, 1, 0x08, 0xac, 0x02, 0x0a, 0, 0x0a, 1, 2];
+        for ids in [&unpacked[..], &split, &mixed] {
+            let b = with_ids(ids);
+            assert_eq!(decode(&b, &limits).unwrap(), p, "{ids:x?}");
+            assert_eq!(
+                normalize_protobuf(&b, &limits, &opts).as_ref(),
+                Some(&want),
+                "{ids:x?}"
+            );
+        }
+        let cut_between_fields = [0x0a, 1, 0xac, 0x0a, 2, 0x02, 2];
+        let cut_at_the_end = [0x0a, 3, 1, 2, 0xac];
+        let mut too_long = vec![0x0a, 12, 1];
+        too_long.extend_from_slice(&[0x80; 10]);
+        too_long.push(1);
+        for ids in [&cut_between_fields[..], &cut_at_the_end, &too_long] {
+            let b = with_ids(ids);
+            assert!(normalize_protobuf(&b, &limits, &opts).is_none(), "{ids:x?}");
+            let e = decode_and_normalize(&b, &limits, &opts).unwrap_err();
+            assert!(e.to_string().contains("bad packed varint"), "{ids:x?}: {e}");
+        }
     }
 
     #[test]

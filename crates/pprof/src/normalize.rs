@@ -375,16 +375,52 @@ pub fn normalize(
 pub(crate) trait Samples {
     /// Why the source stopped early.
     type Stop;
-    fn next_sample(&mut self) -> Option<Result<&pprof::Sample, Self::Stop>>;
+    /// A sample's location ids, leaf first, read as the loop needs them.
+    type Ids<'s>: Iterator<Item = Result<u64, Self::Stop>>
+    where
+        Self: 's;
+    fn next_sample(&mut self) -> Option<Result<SampleRef<'_, Self::Ids<'_>>, Self::Stop>>;
+}
+
+/// A sample as [`Normalizer::run`] reads it.
+pub(crate) struct SampleRef<'s, I> {
+    /// The location ids, leaf first, and how many there are.
+    pub(crate) locations: I,
+    pub(crate) frames: usize,
+    pub(crate) value: &'s [i64],
+    pub(crate) label: &'s [pprof::Label],
 }
 
 /// The samples of a decoded profile.
 struct ProfileSamples<'a>(std::slice::Iter<'a, pprof::Sample>);
 
+/// The location ids of a decoded sample.
+struct DecodedIds<'s>(std::slice::Iter<'s, u64>);
+
+impl Iterator for DecodedIds<'_> {
+    type Item = Result<u64, std::convert::Infallible>;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|&id| Ok(id))
+    }
+}
+
 impl Samples for ProfileSamples<'_> {
     type Stop = std::convert::Infallible;
-    fn next_sample(&mut self) -> Option<Result<&pprof::Sample, Self::Stop>> {
-        self.0.next().map(Ok)
+    type Ids<'s>
+        = DecodedIds<'s>
+    where
+        Self: 's;
+    fn next_sample(&mut self) -> Option<Result<SampleRef<'_, DecodedIds<'_>>, Self::Stop>> {
+        self.0.next().map(|s| {
+            Ok(SampleRef {
+                locations: DecodedIds(s.location_id.iter()),
+                frames: s.location_id.len(),
+                value: &s.value,
+                label: &s.label,
+            })
+        })
     }
 }
 
@@ -869,17 +905,16 @@ impl<'a> Normalizer<'a> {
             // All-zero samples contribute nothing; samples without
             // locations have no stack to attribute their value to. Their
             // locations must exist all the same.
-            if s.value.iter().all(|&v| v == 0) || s.location_id.is_empty() {
-                if let Some(&location) = s
-                    .location_id
-                    .iter()
-                    .find(|&&l| self.locations.get_mut(l).is_none())
-                {
-                    return Err(NormalizeError::UnknownLocation {
-                        sample: si,
-                        location,
+            if s.value.iter().all(|&v| v == 0) || s.frames == 0 {
+                for location in s.locations {
+                    let location = location.map_err(Stopped::Source)?;
+                    if self.locations.get_mut(location).is_none() {
+                        return Err(NormalizeError::UnknownLocation {
+                            sample: si,
+                            location,
+                        }
+                        .into());
                     }
-                    .into());
                 }
                 continue;
             }
@@ -933,8 +968,9 @@ impl<'a> Normalizer<'a> {
             };
 
             frames.clear();
-            stack_hasher.begin(s.location_id.len());
-            for &lid in &s.location_id {
+            stack_hasher.begin(s.frames);
+            for lid in s.locations {
+                let lid = lid.map_err(Stopped::Source)?;
                 // Every location's ids are in place once `all_location_ids`
                 // ran: read there, not returned through a `Result`, whose
                 // copies through the stack held about a seventh of this

@@ -337,15 +337,6 @@ fn label(b: &[u8]) -> Result<pprof::Label, Bad> {
 
 fn sample(b: &[u8], budget: &mut Budget) -> Result<pprof::Sample, WireError> {
     let mut s = pprof::Sample::default();
-    sample_into(b, &mut s, budget)?;
-    Ok(s)
-}
-
-/// [`sample`] into `s`, whose vectors are cleared and reused.
-fn sample_into(b: &[u8], s: &mut pprof::Sample, budget: &mut Budget) -> Result<(), WireError> {
-    s.location_id.clear();
-    s.value.clear();
-    s.label.clear();
     for f in fields(b) {
         let f = f?;
         match f.number {
@@ -359,7 +350,7 @@ fn sample_into(b: &[u8], s: &mut pprof::Sample, budget: &mut Budget) -> Result<(
             _ => {}
         }
     }
-    Ok(())
+    Ok(s)
 }
 
 fn mapping(b: &[u8]) -> Result<pprof::Mapping, Bad> {
@@ -616,13 +607,72 @@ pub(crate) fn decode_tables<'b>(
     })
 }
 
-/// The samples of a profile read one at a time from its bytes into one
-/// reused [`pprof::Sample`] (no allocation per sample, and the bytes are
-/// read in order), charging the same memory budget as [`decode_profile`].
+/// Why the one pass of decode and normalize stopped reading a sample:
+/// the bytes are not what [`decode_profile`] accepts, or not within its
+/// budget. The full decode then decides, and words the error.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeftToDecode;
+
+impl From<WireError> for LeftToDecode {
+    fn from(_: WireError) -> Self {
+        LeftToDecode
+    }
+}
+
+impl From<Bad> for LeftToDecode {
+    fn from(_: Bad) -> Self {
+        LeftToDecode
+    }
+}
+
+/// A sample's location ids still packed as varints, read one at a time
+/// by the sample loop as it needs them (decoding them into a vector
+/// first, then reading that back, was a store and a load a frame).
+pub(crate) struct PackedIds<'s> {
+    b: &'s [u8],
+    pos: usize,
+}
+
+impl Iterator for PackedIds<'_> {
+    type Item = Result<u64, LeftToDecode>;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.pos >= self.b.len() {
+            return None;
+        }
+        Some(read_varint(self.b, &mut self.pos).ok_or(LeftToDecode))
+    }
+}
+
+/// Whether `payload`, one packed field, ends with a whole varint (or is
+/// empty): the condition for appending another field's payload to it.
+fn ends_whole(payload: &[u8]) -> bool {
+    payload.last().is_none_or(|&c| c < 0x80)
+}
+
+/// Appends `v` as a varint.
+fn put_varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The samples of a profile read one at a time from its bytes (no
+/// allocation per sample, and the bytes are read in order), charging the
+/// same memory budget as [`decode_profile`]. A sample's values and
+/// labels go into vectors reused from one sample to the next; its
+/// location ids are left packed on the wire ([`PackedIds`]).
 pub(crate) struct WireSamples<'a> {
     fields: Fields<'a>,
     budget: Budget,
-    sample: pprof::Sample,
+    value: Vec<i64>,
+    label: Vec<pprof::Label>,
+    /// The location ids of a sample that sent them other than as one
+    /// packed field (unpacked, or in several fields), packed together.
+    joined: Vec<u8>,
 }
 
 impl<'a> WireSamples<'a> {
@@ -632,27 +682,91 @@ impl<'a> WireSamples<'a> {
         WireSamples {
             fields: fields(b),
             budget,
-            sample: pprof::Sample::default(),
+            value: Vec::new(),
+            label: Vec::new(),
+            joined: Vec::new(),
         }
     }
 
-    /// The next sample; `Some(Err)` where [`decode_profile`] fails.
-    pub(crate) fn next_sample(&mut self) -> Option<Result<&pprof::Sample, WireError>> {
+    /// The next sample; `Some(Err)` where [`decode_profile`] fails, or
+    /// would once the sample's location ids are read (a bad varint among
+    /// them stops that read instead).
+    pub(crate) fn next_sample(
+        &mut self,
+    ) -> Option<Result<crate::normalize::SampleRef<'_, PackedIds<'_>>, LeftToDecode>> {
         loop {
             let f = match self.fields.next()? {
                 Ok(f) => f,
-                Err(e) => return Some(Err(e.into())),
+                Err(_) => return Some(Err(LeftToDecode)),
             };
             if f.number != 2 {
                 continue;
             }
-            if let Err(e) = want(&f, 2) {
-                return Some(Err(e.into()));
+            if f.wire != 2 {
+                return Some(Err(LeftToDecode));
             }
-            return Some(
-                sample_into(f.payload, &mut self.sample, &mut self.budget).map(|()| &self.sample),
-            );
+            return Some(self.sample(f.payload));
         }
+    }
+
+    fn sample(
+        &mut self,
+        b: &'a [u8],
+    ) -> Result<crate::normalize::SampleRef<'_, PackedIds<'_>>, LeftToDecode> {
+        self.value.clear();
+        self.label.clear();
+        let mut ids: &'a [u8] = &[];
+        let mut joined = false;
+        for f in fields(b) {
+            let f = f?;
+            match f.number {
+                1 => {
+                    if f.wire == 2 && ids.is_empty() && !joined {
+                        ids = f.payload;
+                        continue;
+                    }
+                    if f.wire != 0 && f.wire != 2 {
+                        return Err(LeftToDecode);
+                    }
+                    // Rare: the ids are joined into one packed run, each
+                    // field whole (a varint cut at a field's end is an
+                    // error, not the start of the next field's).
+                    if !joined {
+                        if !ends_whole(ids) {
+                            return Err(LeftToDecode);
+                        }
+                        self.joined.clear();
+                        self.joined.extend_from_slice(ids);
+                        joined = true;
+                    }
+                    if f.wire == 0 {
+                        put_varint(f.varint, &mut self.joined);
+                    } else if ends_whole(f.payload) {
+                        self.joined.extend_from_slice(f.payload);
+                    } else {
+                        return Err(LeftToDecode);
+                    }
+                }
+                2 => varints(&f, &mut self.value, &mut self.budget, |v| v as i64)?,
+                3 => {
+                    want(&f, 2)?;
+                    self.budget.take(LABEL_BYTES)?;
+                    self.label.push(label(f.payload)?);
+                }
+                _ => {}
+            }
+        }
+        let packed = if joined { &self.joined[..] } else { ids };
+        // One id a varint's last byte: what a full decode's vector of
+        // ids takes, charged as it would be.
+        let frames = packed.iter().filter(|&&c| c < 0x80).count();
+        self.budget.take(frames * std::mem::size_of::<u64>())?;
+        Ok(crate::normalize::SampleRef {
+            locations: PackedIds { b: packed, pos: 0 },
+            frames,
+            value: &self.value,
+            label: &self.label,
+        })
     }
 }
 
