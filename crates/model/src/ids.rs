@@ -95,6 +95,7 @@ impl IdHasher {
 
     /// `domain` separates kinds of ids (a function and a mapping with the
     /// same bytes never share an id).
+    #[inline]
     pub fn new(domain: &str) -> Self {
         let mut h = IdHasher {
             inline: [0; IdHasher::INLINE],
@@ -105,18 +106,30 @@ impl IdHasher {
         h
     }
 
-    #[inline]
+    // Always inlined, and the builder methods below inlined across
+    // crates: most fields are 8 or 16 bytes, whose copies then compile
+    // to a store or two; a call each (with a `memmove` call for the
+    // copy) was most of a location id's cost in perf.
+    #[inline(always)]
     fn put(&mut self, b: &[u8]) {
-        if self.spill.is_empty() {
-            if let Some(dst) = self
+        if self.spill.is_empty()
+            && let Some(dst) = self
                 .len
                 .checked_add(b.len())
                 .and_then(|end| self.inline.get_mut(self.len..end))
-            {
-                dst.copy_from_slice(b);
-                self.len += b.len();
-                return;
-            }
+        {
+            dst.copy_from_slice(b);
+            self.len += b.len();
+            return;
+        }
+        self.put_spilled(b);
+    }
+
+    /// [`IdHasher::put`] once the encoding outgrew `inline`.
+    #[cold]
+    #[inline(never)]
+    fn put_spilled(&mut self, b: &[u8]) {
+        if self.spill.is_empty() {
             self.spill
                 .reserve(self.len.saturating_add(b.len()).max(2 * IdHasher::INLINE));
             self.spill.extend_from_slice(&self.inline[..self.len]);
@@ -124,25 +137,30 @@ impl IdHasher {
         self.spill.extend_from_slice(b);
     }
 
+    #[inline]
     pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
         self.put(&(b.len() as u64).to_le_bytes());
         self.put(b);
         self
     }
 
+    #[inline]
     pub fn str(&mut self, s: &str) -> &mut Self {
         self.bytes(s.as_bytes())
     }
 
+    #[inline]
     pub fn u64(&mut self, v: u64) -> &mut Self {
         self.put(&v.to_le_bytes());
         self
     }
 
+    #[inline]
     pub fn i64(&mut self, v: i64) -> &mut Self {
         self.u64(v as u64)
     }
 
+    #[inline]
     pub fn id(&mut self, id: &Id) -> &mut Self {
         self.put(&id.0);
         self
@@ -159,6 +177,7 @@ impl IdHasher {
         Id::from_u128(s.digest128())
     }
 
+    #[inline]
     fn encoding(&self) -> &[u8] {
         if self.spill.is_empty() {
             &self.inline[..self.len]
@@ -167,6 +186,7 @@ impl IdHasher {
         }
     }
 
+    #[inline]
     pub fn finish(&self) -> Id {
         Id::from_u128(xxh3_128(self.encoding()))
     }

@@ -20,6 +20,7 @@ impl Function {
     }
 
     /// The id of a function with these fields, none of them copied.
+    #[inline]
     pub fn id_of(name: &str, system_name: &str, filename: &str, start_line: i64) -> Id {
         IdHasher::new("function")
             .str(name)
@@ -52,6 +53,7 @@ impl Mapping {
 
     /// The id of a mapping with these fields (`[memory_start,
     /// memory_limit, file_offset]`), none of them copied.
+    #[inline]
     pub fn id_of(range: [u64; 3], filename: &str, build_id: &str) -> Id {
         IdHasher::new("mapping")
             .u64(range[0])

@@ -150,8 +150,10 @@ pub enum DecodeNormalizeError {
 
 /// [`decode`] then [`crate::normalize`], the same result for every input,
 /// faster for a valid protobuf profile: its samples are normalized as they
-/// are read from the bytes, one at a time into one reused sample, instead
-/// of first decoding each into vectors of its own (the ingest path).
+/// are read from the bytes, one at a time (values and labels into vectors
+/// reused from one sample to the next, location ids read from the wire
+/// as the frames are), instead of first decoding each into vectors of its
+/// own (the ingest path).
 ///
 /// Anything the one pass does not accept (a framing or validation error,
 /// a limit, a legacy text profile, too many series) goes through
