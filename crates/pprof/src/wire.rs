@@ -152,10 +152,28 @@ impl<'a> Iterator for Fields<'a> {
 /// The number of elements of one occurrence of a repeated scalar field.
 fn scalar_count(f: &Field<'_>) -> usize {
     if f.wire == 2 {
-        f.payload.iter().filter(|&&c| c & 0x80 == 0).count()
+        varint_ends(f.payload)
     } else {
         1
     }
+}
+
+/// The varints that end in `b`: its bytes below 0x80. Eight bytes at a
+/// time (a count byte by byte, as the compiler vectorizes it, was a fifth
+/// of reading a sample in perf).
+fn varint_ends(b: &[u8]) -> usize {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut words = b.chunks_exact(8);
+    let mut n = 0;
+    for w in &mut words {
+        let Ok(w) = <[u8; 8]>::try_from(w) else {
+            continue;
+        };
+        // One bit a byte that ends a varint, summed into the top byte.
+        let ends = (!u64::from_le_bytes(w) & HIGH) >> 7;
+        n += (ends.wrapping_mul(0x0101_0101_0101_0101) >> 56) as usize;
+    }
+    n + words.remainder().iter().filter(|&&c| c < 0x80).count()
 }
 
 /// Counts of the top-level repeated fields.
@@ -665,6 +683,9 @@ fn put_varint(mut v: u64, out: &mut Vec<u8>) {
 /// same memory budget as [`decode_profile`]. A sample's values and
 /// labels go into vectors reused from one sample to the next; its
 /// location ids are left packed on the wire ([`PackedIds`]).
+/// The values a sample's reused vector has room for from the start.
+const VALUES_ROOM: usize = 64;
+
 pub(crate) struct WireSamples<'a> {
     fields: Fields<'a>,
     budget: Budget,
@@ -682,7 +703,10 @@ impl<'a> WireSamples<'a> {
         WireSamples {
             fields: fields(b),
             budget,
-            value: Vec::new(),
+            // Room for any sample's packed values but the rare long one
+            // (a varint takes a byte at least), so that `varints` reads
+            // them without counting them first.
+            value: Vec::with_capacity(VALUES_ROOM),
             label: Vec::new(),
             joined: Vec::new(),
         }
@@ -759,7 +783,7 @@ impl<'a> WireSamples<'a> {
         let packed = if joined { &self.joined[..] } else { ids };
         // One id a varint's last byte: what a full decode's vector of
         // ids takes, charged as it would be.
-        let frames = packed.iter().filter(|&&c| c < 0x80).count();
+        let frames = varint_ends(packed);
         self.budget.take(frames * std::mem::size_of::<u64>())?;
         Ok(crate::normalize::SampleRef {
             locations: PackedIds { b: packed, pos: 0 },
@@ -789,6 +813,30 @@ mod tests {
             "{frames} frames in {} bytes",
             c.sample_bytes
         );
+    }
+
+    /// The count of varints in a packed field, eight bytes at a time,
+    /// agrees with reading them, for every length and any varint end.
+    #[test]
+    fn varint_ends_counts_what_reading_finds() {
+        let mut b = Vec::new();
+        for (i, v) in [1u64, 300, 0, 1 << 40, 127, 128, u64::MAX, 5, 16_383, 16_384]
+            .into_iter()
+            .cycle()
+            .take(41)
+            .enumerate()
+        {
+            put_varint(v, &mut b);
+            let (mut pos, mut read) = (0, 0);
+            while read_varint(&b, &mut pos).is_some() {
+                read += 1;
+            }
+            assert_eq!(varint_ends(&b), read, "{i}: {b:x?}");
+            assert_eq!(read, i + 1);
+        }
+        // A varint cut at the end is not counted.
+        b.push(0x80);
+        assert_eq!(varint_ends(&b), 41);
     }
 
     /// Lines kept in one vector give every location the lines it has in
