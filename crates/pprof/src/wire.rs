@@ -669,23 +669,14 @@ fn ends_whole(payload: &[u8]) -> bool {
     payload.last().is_none_or(|&c| c < 0x80)
 }
 
-/// Appends `v` as a varint.
-fn put_varint(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
+/// The values a sample's reused vector has room for from the start.
+const VALUES_ROOM: usize = 64;
 
 /// The samples of a profile read one at a time from its bytes (no
 /// allocation per sample, and the bytes are read in order), charging the
 /// same memory budget as [`decode_profile`]. A sample's values and
 /// labels go into vectors reused from one sample to the next; its
 /// location ids are left packed on the wire ([`PackedIds`]).
-/// The values a sample's reused vector has room for from the start.
-const VALUES_ROOM: usize = 64;
-
 pub(crate) struct WireSamples<'a> {
     fields: Fields<'a>,
     budget: Budget,
@@ -764,7 +755,7 @@ impl<'a> WireSamples<'a> {
                         joined = true;
                     }
                     if f.wire == 0 {
-                        put_varint(f.varint, &mut self.joined);
+                        prost::encoding::encode_varint(f.varint, &mut self.joined);
                     } else if ends_whole(f.payload) {
                         self.joined.extend_from_slice(f.payload);
                     } else {
@@ -826,7 +817,7 @@ mod tests {
             .take(41)
             .enumerate()
         {
-            put_varint(v, &mut b);
+            prost::encoding::encode_varint(v, &mut b);
             let (mut pos, mut read) = (0, 0);
             while read_varint(&b, &mut pos).is_some() {
                 read += 1;
