@@ -87,33 +87,48 @@ impl Indexes {
     }
 }
 
-/// An [`IdIndex`] with a value of type `T` next to each position, so one
-/// lookup (one cache miss) finds both.
+/// A value of type `T` for each id of an [`IdIndex`], found with one
+/// lookup: a dense index's table is a vector indexed by the id itself (its
+/// ids not yet given a value, and the ids it does not have, hold the
+/// `empty` value it was made with), a sparse one's a hash map of the ids
+/// given a value. The positions stay in the index, so that the table's
+/// entries are no larger than their values (a sample's frames read one
+/// entry each, at random).
 pub(crate) enum IdTable<T> {
-    Dense(Vec<(u32, T)>),
-    Sparse(HashMap<u64, (u32, T)>),
+    Dense(Vec<T>),
+    Sparse(HashMap<u64, T>),
 }
 
-impl<T: Clone> IdTable<T> {
-    /// Every entry of `index`, with value `init`.
-    pub(crate) fn new(index: IdIndex, init: T) -> Self {
+impl<T: Copy> IdTable<T> {
+    /// A table for the ids of `index`, every one holding `empty`.
+    pub(crate) fn new(index: &IdIndex, empty: T) -> Self {
         match index {
-            IdIndex::Dense(v) => IdTable::Dense(v.into_iter().map(|p| (p, init.clone())).collect()),
-            IdIndex::Sparse(m) => {
-                IdTable::Sparse(m.into_iter().map(|(k, p)| (k, (p, init.clone()))).collect())
-            }
+            IdIndex::Dense(v) => IdTable::Dense(vec![empty; v.len()]),
+            IdIndex::Sparse(m) => IdTable::Sparse(HashMap::with_capacity(m.len())),
         }
     }
 
-    /// The position of `id` and its value, if `id` is present.
+    /// The value of `id`: `None` for an id that a sparse table was not
+    /// given a value for, or that is past a dense table's end.
     #[inline]
-    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut (u32, T)> {
+    pub(crate) fn get(&self, id: u64) -> Option<&T> {
         match self {
-            IdTable::Dense(v) => match v.get_mut(usize::try_from(id).ok()?) {
-                Some(e) if e.0 != ABSENT => Some(e),
-                _ => None,
-            },
-            IdTable::Sparse(m) => m.get_mut(&id),
+            IdTable::Dense(v) => v.get(usize::try_from(id).ok()?),
+            IdTable::Sparse(m) => m.get(&id),
+        }
+    }
+
+    /// Gives `id`, one of the index's ids, the value `value`.
+    pub(crate) fn set(&mut self, id: u64, value: T) {
+        match self {
+            IdTable::Dense(v) => {
+                if let Some(e) = usize::try_from(id).ok().and_then(|i| v.get_mut(i)) {
+                    *e = value;
+                }
+            }
+            IdTable::Sparse(m) => {
+                m.insert(id, value);
+            }
         }
     }
 }
@@ -140,5 +155,20 @@ mod tests {
             IdIndex::new([0u64].into_iter()),
             Err(IndexError::Zero(0))
         ));
+    }
+
+    #[test]
+    fn tables_hold_what_they_are_given() {
+        for ids in [vec![3u64, 1, 2], vec![u64::MAX, 7, 1 << 40]] {
+            let index = IdIndex::new(ids.iter().copied()).ok().expect("valid");
+            let mut t = IdTable::new(&index, 0u32);
+            t.set(ids[1], 5);
+            assert_eq!(t.get(ids[1]), Some(&5));
+            // Not given a value: empty in a dense table, absent from a
+            // sparse one; never another id's value.
+            assert!(matches!(t.get(ids[0]), None | Some(&0)));
+            assert!(matches!(t.get(ids[2]), None | Some(&0)));
+            assert_eq!(t.get(u64::MAX - 1), None);
+        }
     }
 }

@@ -436,6 +436,28 @@ impl<E> From<NormalizeError> for Stopped<E> {
     }
 }
 
+/// A location's model id and its index among the frame index's
+/// locations, once computed.
+#[derive(Clone, Copy)]
+struct LocationMemo {
+    id: Id,
+    index: u32,
+}
+
+impl LocationMemo {
+    /// A location not computed yet (no index is u32::MAX: the decoder's
+    /// limits bound the locations).
+    const NOT_YET: LocationMemo = LocationMemo {
+        id: Id::ZERO,
+        index: u32::MAX,
+    };
+
+    #[inline]
+    fn computed(&self) -> bool {
+        self.index != u32::MAX
+    }
+}
+
 pub(crate) struct Normalizer<'a> {
     p: &'a pprof::Profile,
     /// The profile's string table (`p.string_table` is not read: the
@@ -445,9 +467,12 @@ pub(crate) struct Normalizer<'a> {
     /// in one vector for the profile, not one a location).
     location_lines: crate::wire::LocationLines<'a>,
     opts: &'a NormalizeOptions,
-    /// pprof location id → (position, model id and index among
-    /// `frame_index.locations` once computed).
-    locations: IdTable<Option<(Id, u32)>>,
+    /// pprof location id → position in the profile's table.
+    location_index: IdIndex,
+    /// pprof location id → its model id and index among
+    /// `frame_index.locations`, once computed (a sample's frames read
+    /// these only: 20 bytes an entry).
+    locations: IdTable<LocationMemo>,
     fn_index: IdIndex,
     map_index: IdIndex,
     /// Content ids of the pprof's functions and mappings (by position),
@@ -489,7 +514,8 @@ impl<'a> Normalizer<'a> {
             strings,
             location_lines: lines,
             opts,
-            locations: IdTable::new(indexes.locations, None),
+            locations: IdTable::new(&indexes.locations, LocationMemo::NOT_YET),
+            location_index: indexes.locations,
             fn_index: indexes.functions,
             map_index: indexes.mappings,
             fn_ids: vec![None; p.function.len()],
@@ -574,22 +600,25 @@ impl<'a> Normalizer<'a> {
     /// [`Normalizer::all_location_ids`] could not compute, which computing
     /// them again reports (out of line, so that the loop stays small).
     #[inline(never)]
-    fn missing_location_id(&mut self, sample: usize, id: u64) -> Result<(Id, u32), NormalizeError> {
-        let (pos, memo) = *self
-            .locations
-            .get_mut(id)
+    fn missing_location_id(
+        &mut self,
+        sample: usize,
+        id: u64,
+    ) -> Result<LocationMemo, NormalizeError> {
+        let pos = self
+            .location_index
+            .get(id)
             .ok_or(NormalizeError::UnknownLocation {
                 sample,
                 location: id,
             })?;
         debug_assert!(
-            memo.is_none(),
+            self.locations.get(id).is_none_or(|m| !m.computed()),
             "the sample loop reads a known location in place"
         );
-        let memo = self.location_memo(pos)?;
-        if let Some(e) = self.locations.get_mut(id) {
-            e.1 = Some(memo);
-        }
+        // Fewer than u32::MAX: the decoder's limits bound the locations.
+        let memo = self.location_memo(pos as u32)?;
+        self.locations.set(id, memo);
         Ok(memo)
     }
 
@@ -604,10 +633,8 @@ impl<'a> Normalizer<'a> {
         let p = self.p;
         for (pos, l) in p.location.iter().enumerate() {
             // Fewer than u32::MAX: the decoder's limits bound the locations.
-            if let Ok(memo) = self.location_memo(pos as u32)
-                && let Some(e) = self.locations.get_mut(l.id)
-            {
-                e.1 = Some(memo);
+            if let Ok(memo) = self.location_memo(pos as u32) {
+                self.locations.set(l.id, memo);
             }
         }
     }
@@ -615,7 +642,7 @@ impl<'a> Normalizer<'a> {
     /// The ids of the location at `pos` of the table, remembered in the
     /// frame index (its model id and index among `frame_index.locations`);
     /// nothing is remembered when it fails.
-    fn location_memo(&mut self, pos: u32) -> Result<(Id, u32), NormalizeError> {
+    fn location_memo(&mut self, pos: u32) -> Result<LocationMemo, NormalizeError> {
         let l = &self.p.location[pos as usize];
         let mapping = self.mapping_id(l.id, l.mapping_id)?;
         let mut lines = std::mem::take(&mut self.lines);
@@ -631,7 +658,10 @@ impl<'a> Normalizer<'a> {
         let lid = Location::id_of(&mapping, l.address, lines.iter().copied());
         self.lines = lines;
         // Fewer than u32::MAX: the decoder's limits bound the locations.
-        let memo = (lid, self.frame_index.locations.len() as u32);
+        let memo = LocationMemo {
+            id: lid,
+            index: self.frame_index.locations.len() as u32,
+        };
         self.frame_index.locations.push(lid);
         self.positions.push(pos);
         Ok(memo)
@@ -908,7 +938,7 @@ impl<'a> Normalizer<'a> {
             if s.value.iter().all(|&v| v == 0) || s.frames == 0 {
                 for location in s.locations {
                     let location = location.map_err(Stopped::Source)?;
-                    if self.locations.get_mut(location).is_none() {
+                    if self.location_index.get(location).is_none() {
                         return Err(NormalizeError::UnknownLocation {
                             sample: si,
                             location,
@@ -975,12 +1005,12 @@ impl<'a> Normalizer<'a> {
                 // ran: read there, not returned through a `Result`, whose
                 // copies through the stack held about a seventh of this
                 // loop's own time in `perf annotate`.
-                let (id, index) = match self.locations.get_mut(lid) {
-                    Some(&mut (_, Some(memo))) => memo,
+                let memo = match self.locations.get(lid) {
+                    Some(&memo) if memo.computed() => memo,
                     _ => self.missing_location_id(si, lid)?,
                 };
-                stack_hasher.push(&id);
-                frames.push(index);
+                stack_hasher.push(&memo.id);
+                frames.push(memo.index);
             }
             let stack_id = stack_hasher.finish();
 
