@@ -166,9 +166,15 @@ mod tests {
             assert_eq!(t.get(ids[1]), Some(&5));
             // Not given a value: empty in a dense table, absent from a
             // sparse one; never another id's value.
-            assert!(matches!(t.get(ids[0]), None | Some(&0)));
-            assert!(matches!(t.get(ids[2]), None | Some(&0)));
+            let unset = match index {
+                IdIndex::Dense(_) => Some(&0),
+                IdIndex::Sparse(_) => None,
+            };
+            assert_eq!(t.get(ids[0]), unset);
+            assert_eq!(t.get(ids[2]), unset);
             assert_eq!(t.get(u64::MAX - 1), None);
+            t.set(ids[0], 9);
+            assert_eq!((t.get(ids[0]), t.get(ids[1])), (Some(&9), Some(&5)));
         }
     }
 }
