@@ -42,7 +42,9 @@ pub use schema::{
     ProfileRow, SeriesRow, columns, profiles_schema, rollup_schema, samples_schema, series_schema,
     stacks_schema,
 };
-pub use write::{BlockData, SamplesBuilder, encode_block, samples_batch, write_block};
+pub use write::{
+    BlockData, SamplesBuilder, encode_block, samples_batch, samples_sorted, write_block,
+};
 
 use object_store::path::Path;
 

@@ -1,8 +1,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayBuilder, ArrayRef, FixedSizeBinaryArray, FixedSizeBinaryBuilder, Int64Array, Int64Builder,
-    ListBuilder, RecordBatch, StringArray, UInt64Array,
+    ArrayBuilder, ArrayRef, AsArray, FixedSizeBinaryArray, FixedSizeBinaryBuilder, Int64Array,
+    Int64Builder, ListBuilder, RecordBatch, StringArray, UInt64Array,
 };
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
@@ -189,8 +189,46 @@ fn strings<'a>(it: impl Iterator<Item = &'a str>) -> ArrayRef {
     Arc::new(StringArray::from_iter_values(it))
 }
 
+/// Whether the rows of `batches` ([`samples_schema`]), read in order, are
+/// sorted by (series_id, time_nanos, profile_id, stack_id): one pass over
+/// the key columns. A batch of another schema is not sorted.
+pub fn samples_sorted(batches: &[RecordBatch]) -> bool {
+    let mut last: Option<([u8; 16], i64, [u8; 16], [u8; 16])> = None;
+    for b in batches {
+        let (Some(series), Some(time), Some(profile), Some(stack)) = (
+            b.column(0).as_fixed_size_binary_opt(),
+            b.column(1)
+                .as_primitive_opt::<arrow::datatypes::Int64Type>(),
+            b.column(2).as_fixed_size_binary_opt(),
+            b.column(3).as_fixed_size_binary_opt(),
+        ) else {
+            return false;
+        };
+        let id = |a: &FixedSizeBinaryArray, i: usize| <[u8; 16]>::try_from(a.value(i)).ok();
+        for i in 0..b.num_rows() {
+            let (Some(se), Some(p), Some(st)) = (id(series, i), id(profile, i), id(stack, i))
+            else {
+                return false;
+            };
+            let key = (se, time.value(i), p, st);
+            if last.is_some_and(|l| l > key) {
+                return false;
+            }
+            last = Some(key);
+        }
+    }
+    true
+}
+
 /// Sorts sample batches by (series_id, time_nanos, profile_id, stack_id).
-fn sort_samples(batches: &[RecordBatch]) -> Result<RecordBatch> {
+/// Batches already in that order (what an ingester's head gives) are
+/// returned as they are: no copy of every row into one batch, no sort of
+/// them and no second copy in sorted order, which for a large head held
+/// several times its memory during a cut (docs/benchmarks.md).
+fn sort_samples(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    if samples_sorted(batches) {
+        return Ok(batches.to_vec());
+    }
     let schema = samples_schema();
     let all = arrow::compute::concat_batches(&schema, batches)?;
     let cols = [0usize, 1, 2, 3]
@@ -201,7 +239,7 @@ fn sort_samples(batches: &[RecordBatch]) -> Result<RecordBatch> {
         })
         .collect::<Vec<_>>();
     let idx = arrow::compute::lexsort_to_indices(&cols, None)?;
-    Ok(arrow::compute::take_record_batch(&all, &idx)?)
+    Ok(vec![arrow::compute::take_record_batch(&all, &idx)?])
 }
 
 /// The Parquet files of a block, and its meta. CPU-heavy: run it off the
@@ -216,11 +254,7 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
             nulls_first: false,
         })
         .collect();
-    let samples_pq = to_parquet(
-        samples_schema(),
-        std::slice::from_ref(&samples),
-        Some(sorting),
-    )?;
+    let samples_pq = to_parquet(samples_schema(), &samples, Some(sorting))?;
 
     let mut rollup_widths: Vec<i64> = data
         .rollup_widths_nanos
@@ -233,7 +267,13 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
     let rollup_pq = if rollup_widths.is_empty() {
         None
     } else {
-        let rollup = crate::rollup::build(&samples, &rollup_widths)?;
+        let rollup = match samples.as_slice() {
+            [one] => crate::rollup::build(one, &rollup_widths)?,
+            many => crate::rollup::build(
+                &arrow::compute::concat_batches(&samples_schema(), many)?,
+                &rollup_widths,
+            )?,
+        };
         let sorting = (0..4)
             .map(|i| SortingColumn {
                 column_idx: i,
@@ -428,7 +468,7 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
         stats: BlockStats {
             series: series.len() as u64,
             profiles: profiles.len() as u64,
-            samples: samples.num_rows() as u64,
+            samples: samples.iter().map(|b| b.num_rows() as u64).sum(),
             stacks: sym.stacks.len() as u64,
             locations: sym.locations.len() as u64,
             functions: sym.functions.len() as u64,
@@ -501,5 +541,115 @@ mod tests {
         let got = samples_batch(4, runs.iter().map(|(s, t, p, x)| (s, *t, p, *x)));
         assert_eq!(got, want.finish());
         assert_eq!(got.num_rows(), 4);
+    }
+
+    /// Rows of (series, time, profile, stack) bytes as given, value 1.
+    fn rows(keys: &[(u8, i64, u8, u8)]) -> RecordBatch {
+        let mut b = SamplesBuilder::default();
+        for &(s, t, p, st) in keys {
+            b.push(&Id([s; 16]), t, &Id([p; 16]), &Id([st; 16]), 1);
+        }
+        b.finish()
+    }
+
+    fn block_of(samples: Vec<RecordBatch>) -> BlockData {
+        BlockData {
+            tenant: "t".into(),
+            source: "test".into(),
+            level: 0,
+            compacted_from: Vec::new(),
+            series: Vec::new(),
+            profiles: Vec::new(),
+            samples,
+            symbols: Symbols::default(),
+            rollup_widths_nanos: vec![crate::HOUR_NANOS],
+        }
+    }
+
+    /// The samples and rollup files of `data`, each read back as one batch.
+    fn stored_samples(data: &BlockData) -> (RecordBatch, RecordBatch) {
+        let (meta, files) = encode_block(data).unwrap();
+        let read = |name: &str, schema: SchemaRef| {
+            let (_, bytes) = files.iter().find(|(n, _)| *n == name).unwrap();
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                bytes.clone(),
+            )
+            .unwrap()
+            .build()
+            .unwrap();
+            let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+            arrow::compute::concat_batches(&schema, &batches).unwrap()
+        };
+        let samples = read(files::SAMPLES, samples_schema());
+        assert_eq!(meta.stats.samples, samples.num_rows() as u64);
+        (samples, read(files::ROLLUP, rollup_schema()))
+    }
+
+    /// Each key column decides the order only where the ones before it
+    /// tie, across batch boundaries too.
+    #[test]
+    fn sorted_samples_are_recognized_by_every_key() {
+        let sorted = [
+            (1, 5, 9, 9),
+            (2, -3, 9, 9),
+            (2, 7, 1, 9),
+            (2, 7, 2, 1),
+            (2, 7, 2, 3),
+            (2, 7, 2, 3),
+        ];
+        assert!(samples_sorted(&[rows(&sorted)]));
+        assert!(samples_sorted(&[rows(&sorted[..3]), rows(&sorted[3..])]));
+        assert!(samples_sorted(&[]));
+        for i in 0..sorted.len() - 1 {
+            if sorted[i] == sorted[i + 1] {
+                continue;
+            }
+            let mut swapped = sorted;
+            swapped.swap(i, i + 1);
+            assert!(
+                !samples_sorted(&[rows(&swapped)]),
+                "rows {i} and {} swapped",
+                i + 1
+            );
+            assert!(
+                !samples_sorted(&[rows(&swapped[..=i]), rows(&swapped[i + 1..])]),
+                "rows {i} and {} swapped, across batches",
+                i + 1
+            );
+        }
+    }
+
+    /// A block of rows already in order stores the same rows, in the same
+    /// order, as a block of the same rows shuffled (which is sorted), and
+    /// its rollup too.
+    #[test]
+    fn sorted_batches_are_stored_as_a_sort_would_store_them() {
+        // 4 series x 2 times x 2 profiles x 3 stacks (the second time an
+        // hour later: a rollup bucket of its own), in order.
+        let mut keys = Vec::new();
+        for series in 0..4u8 {
+            for time in [0, crate::HOUR_NANOS] {
+                for profile in 0..2u8 {
+                    for stack in 0..3u8 {
+                        keys.push((series, time, profile, stack));
+                    }
+                }
+            }
+        }
+        let in_order = vec![rows(&keys[..17]), rows(&keys[17..])];
+        assert!(samples_sorted(&in_order));
+        let mut shuffled = keys.clone();
+        shuffled.reverse();
+        shuffled.swap(3, 30);
+        let shuffled = vec![rows(&shuffled[..9]), rows(&shuffled[9..])];
+        assert!(!samples_sorted(&shuffled));
+        let (a, a_rollup) = stored_samples(&block_of(in_order));
+        let (b, b_rollup) = stored_samples(&block_of(shuffled));
+        assert_eq!(a.num_rows(), 48);
+        assert!(samples_sorted(std::slice::from_ref(&a)));
+        assert_eq!(a, b);
+        assert_eq!(a, rows(&keys));
+        assert!(a_rollup.num_rows() > 0);
+        assert_eq!(a_rollup, b_rollup);
     }
 }

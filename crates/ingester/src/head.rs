@@ -140,6 +140,51 @@ fn sample_batches(chunks: &[Chunk], keep: impl Fn(&HeadSamples) -> bool) -> Vec<
     out
 }
 
+/// Every row of `chunks` in the order a block stores them (series, time,
+/// profile, stack), in batches of about [`BATCH_ROWS`]: the profiles
+/// sorted (a few thousand, not the rows), and each profile's samples
+/// sorted by stack as its batch is built. The block writer then finds the
+/// rows in order and neither copies them into one batch nor sorts them
+/// ([`fathom_block::samples_sorted`]).
+fn sorted_sample_batches(chunks: &[Chunk]) -> Vec<RecordBatch> {
+    let mut profiles: Vec<&HeadSamples> = chunks
+        .iter()
+        .flat_map(|c| c.iter())
+        .filter(|p| !p.samples.is_empty())
+        .collect();
+    profiles.sort_unstable_by_key(|p| (p.series_id, p.time_nanos, p.profile_id));
+    fn by_stack<'a>(p: &&'a HeadSamples) -> std::borrow::Cow<'a, [Sample]> {
+        if p.samples.is_sorted_by_key(|x| x.stack) {
+            std::borrow::Cow::Borrowed(&p.samples[..])
+        } else {
+            let mut v = p.samples.clone();
+            v.sort_unstable_by_key(|x| x.stack);
+            std::borrow::Cow::Owned(v)
+        }
+    }
+    let mut out = Vec::new();
+    let mut rest = &profiles[..];
+    while !rest.is_empty() {
+        let mut rows = 0;
+        let mut n = 0;
+        while n < rest.len() && rows < BATCH_ROWS {
+            rows += rest[n].samples.len();
+            n += 1;
+        }
+        let (group, later) = rest.split_at(n);
+        let sorted: Vec<_> = group.iter().map(by_stack).collect();
+        out.push(samples_batch(
+            rows,
+            group
+                .iter()
+                .zip(&sorted)
+                .map(|(p, s)| (&p.series_id, p.time_nanos, &p.profile_id, &s[..])),
+        ));
+        rest = later;
+    }
+    out
+}
+
 impl TenantHead {
     /// Adds a batch; profiles whose id is already present are skipped
     /// (replays and retries are idempotent). Returns the samples added.
@@ -230,10 +275,10 @@ pub(crate) struct UnbuiltBlock {
 }
 
 impl UnbuiltBlock {
-    /// The block with its sample rows.
+    /// The block with its sample rows, in the order the block stores them.
     pub(crate) fn build(self) -> BlockData {
         let UnbuiltBlock { mut data, chunks } = self;
-        data.samples = sample_batches(&chunks, |_| true);
+        data.samples = sorted_sample_batches(&chunks);
         data
     }
 }
@@ -349,6 +394,63 @@ mod tests {
         assert!(p.symbols.is_empty());
         assert_eq!(h.apply_prepared(p), 0);
         assert_eq!(values(&h), [10, 20, 30]);
+    }
+
+    /// Every row of the head as (series, time, profile, stack, value), in
+    /// the order of `batches`.
+    fn all_rows(batches: &[RecordBatch]) -> Vec<(Id, i64, Id, Id, i64)> {
+        let id = |b: &RecordBatch, c: usize, i: usize| {
+            Id(b.column(c)
+                .as_fixed_size_binary()
+                .value(i)
+                .try_into()
+                .unwrap())
+        };
+        batches
+            .iter()
+            .flat_map(|b| {
+                let time = b.column(1).as_primitive::<Int64Type>();
+                let value = b.column(4).as_primitive::<Int64Type>();
+                (0..b.num_rows()).map(move |i| {
+                    (
+                        id(b, 0, i),
+                        time.value(i),
+                        id(b, 2, i),
+                        id(b, 3, i),
+                        value.value(i),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// A block built from a head holds the head's rows sorted as the
+    /// block stores them, over several batches, though the head took its
+    /// profiles out of order and their samples unsorted.
+    #[test]
+    fn a_built_block_holds_the_rows_in_the_order_it_stores_them() {
+        let mut h = TenantHead::default();
+        let stack = |i: u64| fathom_model::IdHasher::new("stack").u64(i).finish();
+        for (seed, n) in [(5, 3u64), (2, BATCH_ROWS as u64 + 7), (9, 1), (1, 4)] {
+            let mut b = batch(&[(seed, 0)]);
+            // Stacks in an order that is not theirs, values to tell rows apart.
+            b.profiles[0].samples = (0..n)
+                .rev()
+                .map(|i| Sample {
+                    stack: stack(i),
+                    value: (seed * 1_000_000 + i) as i64,
+                })
+                .collect();
+            h.apply(b);
+        }
+        let as_taken = h.batches();
+        assert!(!fathom_block::samples_sorted(&as_taken));
+        let block = h.to_block("t".into(), "test".into()).build();
+        assert!(block.samples.len() > 1, "several batches");
+        assert!(fathom_block::samples_sorted(&block.samples));
+        let mut want = all_rows(&as_taken);
+        want.sort_unstable();
+        assert_eq!(all_rows(&block.samples), want);
     }
 
     /// A snapshot's rows are those of its profiles: one a sample, in
