@@ -43,7 +43,8 @@ pub use schema::{
     stacks_schema,
 };
 pub use write::{
-    BlockData, SamplesBuilder, encode_block, samples_batch, samples_sorted, write_block,
+    BlockData, SamplesBuilder, encode_block, encode_sorted_block, samples_batch, samples_sorted,
+    write_block,
 };
 
 use object_store::path::Path;
@@ -88,6 +89,8 @@ pub enum Error {
     },
     #[error("block {block} has format version {found}; this build reads up to {FORMAT_VERSION}")]
     Version { block: String, found: u32 },
+    #[error("sample rows given as sorted come out of order")]
+    Unsorted,
     #[error("block {block}: {file}: {what}")]
     Corrupt {
         block: String,

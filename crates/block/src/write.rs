@@ -16,7 +16,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 use crate::meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 use crate::schema::*;
-use crate::{Result, block_file, files};
+use crate::{Error, Result, block_file, files};
 
 /// Appends samples of profiles as rows in [`samples_schema`] order.
 pub struct SamplesBuilder {
@@ -193,8 +193,22 @@ fn strings<'a>(it: impl Iterator<Item = &'a str>) -> ArrayRef {
 /// sorted by (series_id, time_nanos, profile_id, stack_id): one pass over
 /// the key columns. A batch of another schema is not sorted.
 pub fn samples_sorted(batches: &[RecordBatch]) -> bool {
-    let mut last: Option<([u8; 16], i64, [u8; 16], [u8; 16])> = None;
-    for b in batches {
+    let mut order = RowOrder::default();
+    batches.iter().all(|b| order.extend(b))
+}
+
+/// The sort key of a sample row.
+type RowKey = ([u8; 16], i64, [u8; 16], [u8; 16]);
+
+/// Checks that sample rows come in the block's order, batch after batch.
+#[derive(Default)]
+struct RowOrder {
+    last: Option<RowKey>,
+}
+
+impl RowOrder {
+    /// Whether `b`'s rows come in order, after those seen before.
+    fn extend(&mut self, b: &RecordBatch) -> bool {
         let (Some(series), Some(time), Some(profile), Some(stack)) = (
             b.column(0).as_fixed_size_binary_opt(),
             b.column(1)
@@ -211,13 +225,13 @@ pub fn samples_sorted(batches: &[RecordBatch]) -> bool {
                 return false;
             };
             let key = (se, time.value(i), p, st);
-            if last.is_some_and(|l| l > key) {
+            if self.last.is_some_and(|l| l > key) {
                 return false;
             }
-            last = Some(key);
+            self.last = Some(key);
         }
+        true
     }
-    true
 }
 
 /// Sorts sample batches by (series_id, time_nanos, profile_id, stack_id).
@@ -245,8 +259,40 @@ fn sort_samples(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
 /// The Parquet files of a block, and its meta. CPU-heavy: run it off the
 /// I/O runtime.
 pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, Bytes)>)> {
-    let id = uuid::Uuid::now_v7().to_string();
     let samples = sort_samples(&data.samples)?;
+    encode_rows(data, samples.into_iter().map(Ok))
+}
+
+/// [`encode_block`] of `data` with its sample rows taken from `sorted`,
+/// batch by batch, instead of from `data.samples` (not read): each batch
+/// is encoded as it comes and then dropped, so a block's wide rows need
+/// not all be in memory at once (an ingester's cut builds them from its
+/// head as they are written). The rows must come in the block's order
+/// ([`samples_sorted`]); a batch out of order fails the encoding with
+/// [`Error::Unsorted`], and nothing is returned.
+pub fn encode_sorted_block(
+    data: &BlockData,
+    sorted: impl IntoIterator<Item = RecordBatch>,
+) -> Result<(BlockMeta, Vec<(&'static str, Bytes)>)> {
+    let mut order = RowOrder::default();
+    encode_rows(
+        data,
+        sorted.into_iter().map(move |b| {
+            if order.extend(&b) {
+                Ok(b)
+            } else {
+                Err(Error::Unsorted)
+            }
+        }),
+    )
+}
+
+/// The files of a block whose sample rows `samples` gives in order.
+fn encode_rows(
+    data: &BlockData,
+    samples: impl Iterator<Item = Result<RecordBatch>>,
+) -> Result<(BlockMeta, Vec<(&'static str, Bytes)>)> {
+    let id = uuid::Uuid::now_v7().to_string();
     let sorting = (0..4)
         .map(|i| SortingColumn {
             column_idx: i,
@@ -254,8 +300,6 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
             nulls_first: false,
         })
         .collect();
-    let samples_pq = to_parquet(samples_schema(), &samples, Some(sorting))?;
-
     let mut rollup_widths: Vec<i64> = data
         .rollup_widths_nanos
         .iter()
@@ -264,10 +308,25 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
         .collect();
     rollup_widths.sort_unstable();
     rollup_widths.dedup();
+    // The rollup is built from every row at once: its batches are kept
+    // (shared, not copied) only when it is wanted.
+    let mut kept = Vec::new();
+    let mut sample_rows = 0u64;
+    let mut w = ArrowWriter::try_new(Vec::new(), samples_schema(), Some(props(Some(sorting))))?;
+    for b in samples {
+        let b = b?;
+        sample_rows += b.num_rows() as u64;
+        w.write(&b)?;
+        if !rollup_widths.is_empty() {
+            kept.push(b);
+        }
+    }
+    let samples_pq = Bytes::from(w.into_inner()?);
+
     let rollup_pq = if rollup_widths.is_empty() {
         None
     } else {
-        let rollup = match samples.as_slice() {
+        let rollup = match kept.as_slice() {
             [one] => crate::rollup::build(one, &rollup_widths)?,
             many => crate::rollup::build(
                 &arrow::compute::concat_batches(&samples_schema(), many)?,
@@ -468,7 +527,7 @@ pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, B
         stats: BlockStats {
             series: series.len() as u64,
             profiles: profiles.len() as u64,
-            samples: samples.iter().map(|b| b.num_rows() as u64).sum(),
+            samples: sample_rows,
             stacks: sym.stacks.len() as u64,
             locations: sym.locations.len() as u64,
             functions: sym.functions.len() as u64,
@@ -651,5 +710,16 @@ mod tests {
         assert_eq!(a, rows(&keys));
         assert!(a_rollup.num_rows() > 0);
         assert_eq!(a_rollup, b_rollup);
+        // Given a batch at a time as sorted: the same files' rows; out of
+        // order, refused.
+        let data = block_of(Vec::new());
+        let (meta, _) = encode_sorted_block(&data, [rows(&keys[..5]), rows(&keys[5..])]).unwrap();
+        assert_eq!(meta.stats.samples, 48);
+        let r = encode_sorted_block(&data, [rows(&keys[5..]), rows(&keys[..5])]);
+        assert!(
+            matches!(r, Err(Error::Unsorted)),
+            "{:?}",
+            r.map(|(m, _)| m.id)
+        );
     }
 }

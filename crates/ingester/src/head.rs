@@ -140,49 +140,82 @@ fn sample_batches(chunks: &[Chunk], keep: impl Fn(&HeadSamples) -> bool) -> Vec<
     out
 }
 
-/// Every row of `chunks` in the order a block stores them (series, time,
-/// profile, stack), in batches of about [`BATCH_ROWS`]: the profiles
-/// sorted (a few thousand, not the rows), and each profile's samples
-/// sorted by stack as its batch is built. The block writer then finds the
-/// rows in order and neither copies them into one batch nor sorts them
-/// ([`fathom_block::samples_sorted`]).
-fn sorted_sample_batches(chunks: &[Chunk]) -> Vec<RecordBatch> {
-    let mut profiles: Vec<&HeadSamples> = chunks
-        .iter()
-        .flat_map(|c| c.iter())
-        .filter(|p| !p.samples.is_empty())
-        .collect();
-    profiles.sort_unstable_by_key(|p| (p.series_id, p.time_nanos, p.profile_id));
-    fn by_stack<'a>(p: &&'a HeadSamples) -> std::borrow::Cow<'a, [Sample]> {
-        if p.samples.is_sorted_by_key(|x| x.stack) {
-            std::borrow::Cow::Borrowed(&p.samples[..])
-        } else {
-            let mut v = p.samples.clone();
-            v.sort_unstable_by_key(|x| x.stack);
-            std::borrow::Cow::Owned(v)
+/// A profile's samples by stack id: as they are when already in that
+/// order, else a sorted copy.
+fn by_stack(p: &HeadSamples) -> std::borrow::Cow<'_, [Sample]> {
+    if p.samples.is_sorted_by_key(|x| x.stack) {
+        std::borrow::Cow::Borrowed(&p.samples[..])
+    } else {
+        let mut v = p.samples.clone();
+        v.sort_unstable_by_key(|x| x.stack);
+        std::borrow::Cow::Owned(v)
+    }
+}
+
+/// Every row of a head's chunks in the order a block stores them
+/// (series, time, profile, stack), a batch of about [`BATCH_ROWS`] at a
+/// time, each built when asked for: the profiles are sorted up front (a
+/// few thousand, not the rows), each profile's samples by stack as its
+/// batch is built. A cut encodes each batch and drops it before the next
+/// ([`fathom_block::encode_sorted_block`]): the head's wide rows are never
+/// all in memory, and the block writer neither copies them into one batch
+/// nor sorts them.
+struct SortedRows {
+    chunks: Vec<Chunk>,
+    /// (chunk, profile in it) of every profile with samples, in order.
+    order: Vec<(usize, usize)>,
+    /// The next profile of `order` to give rows of.
+    at: usize,
+}
+
+impl SortedRows {
+    fn new(chunks: Vec<Chunk>) -> Self {
+        let mut order: Vec<(usize, usize)> = chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(c, chunk)| {
+                chunk
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !p.samples.is_empty())
+                    .map(move |(i, _)| (c, i))
+            })
+            .collect();
+        order.sort_unstable_by_key(|&(c, i)| {
+            let p = &chunks[c][i];
+            (p.series_id, p.time_nanos, p.profile_id)
+        });
+        SortedRows {
+            chunks,
+            order,
+            at: 0,
         }
     }
-    let mut out = Vec::new();
-    let mut rest = &profiles[..];
-    while !rest.is_empty() {
+}
+
+impl Iterator for SortedRows {
+    type Item = RecordBatch;
+
+    fn next(&mut self) -> Option<RecordBatch> {
+        let profile = |&(c, i): &(usize, usize)| &self.chunks[c][i];
+        let rest = self.order.get(self.at..).filter(|r| !r.is_empty())?;
         let mut rows = 0;
         let mut n = 0;
         while n < rest.len() && rows < BATCH_ROWS {
-            rows += rest[n].samples.len();
+            rows += profile(&rest[n]).samples.len();
             n += 1;
         }
-        let (group, later) = rest.split_at(n);
-        let sorted: Vec<_> = group.iter().map(by_stack).collect();
-        out.push(samples_batch(
+        let group: Vec<&HeadSamples> = rest[..n].iter().map(profile).collect();
+        let sorted: Vec<_> = group.iter().map(|p| by_stack(p)).collect();
+        self.at += n;
+        Some(samples_batch(
             rows,
             group
                 .iter()
                 .zip(&sorted)
                 .map(|(p, s)| (&p.series_id, p.time_nanos, &p.profile_id, &s[..])),
-        ));
-        rest = later;
+        ))
     }
-    out
 }
 
 impl TenantHead {
@@ -275,13 +308,22 @@ pub(crate) struct UnbuiltBlock {
 }
 
 impl UnbuiltBlock {
-    /// The block with its sample rows, in the order the block stores them.
-    pub(crate) fn build(self) -> BlockData {
-        let UnbuiltBlock { mut data, chunks } = self;
-        data.samples = sorted_sample_batches(&chunks);
-        data
+    /// The block's files, its sample rows built from the head's chunks a
+    /// batch at a time as they are encoded ([`SortedRows`]).
+    pub(crate) fn encode(self) -> Result<EncodedBlock, fathom_block::Error> {
+        let UnbuiltBlock { data, chunks } = self;
+        fathom_block::encode_sorted_block(&data, SortedRows::new(chunks))
+    }
+
+    /// The sample rows [`UnbuiltBlock::encode`] writes, in its order.
+    #[cfg(test)]
+    fn sorted_rows(self) -> Vec<RecordBatch> {
+        SortedRows::new(self.chunks).collect()
     }
 }
+
+/// A block's meta and files, as [`fathom_block::encode_block`] gives them.
+pub(crate) type EncodedBlock = (fathom_block::BlockMeta, Vec<(&'static str, bytes::Bytes)>);
 
 /// A consistent view of one tenant's head for a query: what
 /// [`crate::Ingester::snapshot`] returns in process, what the head-read
@@ -424,9 +466,9 @@ mod tests {
             .collect()
     }
 
-    /// A block built from a head holds the head's rows sorted as the
-    /// block stores them, over several batches, though the head took its
-    /// profiles out of order and their samples unsorted.
+    /// A cut gives the head's rows sorted as the block stores them, over
+    /// several batches, though the head took its profiles out of order and
+    /// their samples unsorted.
     #[test]
     fn a_built_block_holds_the_rows_in_the_order_it_stores_them() {
         let mut h = TenantHead::default();
@@ -445,12 +487,15 @@ mod tests {
         }
         let as_taken = h.batches();
         assert!(!fathom_block::samples_sorted(&as_taken));
-        let block = h.to_block("t".into(), "test".into()).build();
-        assert!(block.samples.len() > 1, "several batches");
-        assert!(fathom_block::samples_sorted(&block.samples));
+        let sorted = h.to_block("t".into(), "test".into()).sorted_rows();
+        assert!(sorted.len() > 1, "several batches");
+        assert!(fathom_block::samples_sorted(&sorted));
         let mut want = all_rows(&as_taken);
         want.sort_unstable();
-        assert_eq!(all_rows(&block.samples), want);
+        assert_eq!(all_rows(&sorted), want);
+        // The block stores those rows, a batch at a time.
+        let (meta, _) = h.to_block("t".into(), "test".into()).encode().unwrap();
+        assert_eq!(meta.stats.samples, want.len() as u64);
     }
 
     /// A snapshot's rows are those of its profiles: one a sample, in

@@ -774,10 +774,9 @@ impl Ingester {
         deadline: Option<Instant>,
     ) -> Result<BlockMeta, Error> {
         let block = head.to_block(tenant.to_owned(), self.cfg.name.clone());
-        let (meta, files) =
-            tokio::task::spawn_blocking(move || fathom_block::encode_block(&block.build()))
-                .await
-                .map_err(Error::EncodeTask)??;
+        let (meta, files) = tokio::task::spawn_blocking(move || block.encode())
+            .await
+            .map_err(Error::EncodeTask)??;
         let mut backoff = Duration::from_millis(200);
         loop {
             match fathom_block::write_block(self.store.as_ref(), &meta, files.clone()).await {
