@@ -400,16 +400,19 @@ async fn leases_are_exclusive_expire_renew_and_release() {
     let c = Cluster::start(1, Duration::from_secs(15)).await;
     let client = c.client();
     c.wait_leader(Duration::from_secs(10)).await;
-    let ttl = Duration::from_millis(800);
+    // Seconds, not fractions: each step below has a second of margin for
+    // a machine that stalls the test (at 800 ms it failed under the full
+    // suite's load).
+    let ttl = Duration::from_secs(3);
     assert!(client.acquire_lease("job", "a", ttl).await.unwrap());
     assert!(!client.acquire_lease("job", "b", ttl).await.unwrap());
     // Renewal by the owner extends the lease past the first expiry.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(client.acquire_lease("job", "a", ttl).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!client.acquire_lease("job", "b", ttl).await.unwrap());
     // Expiry frees it.
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(client.acquire_lease("job", "b", ttl).await.unwrap());
     // Only the holder's release counts.
     client.release_lease("job", "a").await.unwrap();
