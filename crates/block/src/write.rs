@@ -88,8 +88,9 @@ impl SamplesBuilder {
 /// One [`samples_schema`] batch of `rows` rows from runs of samples that
 /// share their series, time and profile (`(series, time, profile,
 /// samples)`, rows in the runs' order): for a caller that holds samples
-/// apart from their profile (the head; nothing reading a head needs its
-/// rows in any order, and [`BlockData::samples`] need not be sorted).
+/// apart from their profile (the head: a query's snapshot takes them in
+/// any order, a cut gives its runs in the block's order so that
+/// [`encode_sorted_block`] need not sort them).
 /// Writes each column in one pass; `rows` is the runs' samples in all.
 pub fn samples_batch<'a>(
     rows: usize,
@@ -131,7 +132,8 @@ pub struct BlockData {
     pub compacted_from: Vec<String>,
     pub series: Vec<SeriesRow>,
     pub profiles: Vec<ProfileRow>,
-    /// Sample rows in [`samples_schema`]; need not be sorted.
+    /// Sample rows in [`samples_schema`]; need not be sorted (rows already
+    /// in the block's order are written without a sort).
     pub samples: Vec<RecordBatch>,
     pub symbols: Symbols,
     /// Bucket widths of the rollup to write beside the samples
@@ -287,19 +289,24 @@ pub fn encode_sorted_block(
     )
 }
 
+/// The first four columns, ascending: the sort order of the samples and
+/// rollup files, as their Parquet metadata declares it.
+fn key_columns() -> Vec<SortingColumn> {
+    (0..4)
+        .map(|i| SortingColumn {
+            column_idx: i,
+            descending: false,
+            nulls_first: false,
+        })
+        .collect()
+}
+
 /// The files of a block whose sample rows `samples` gives in order.
 fn encode_rows(
     data: &BlockData,
     samples: impl Iterator<Item = Result<RecordBatch>>,
 ) -> Result<(BlockMeta, Vec<(&'static str, Bytes)>)> {
     let id = uuid::Uuid::now_v7().to_string();
-    let sorting = (0..4)
-        .map(|i| SortingColumn {
-            column_idx: i,
-            descending: false,
-            nulls_first: false,
-        })
-        .collect();
     let mut rollup_widths: Vec<i64> = data
         .rollup_widths_nanos
         .iter()
@@ -312,7 +319,11 @@ fn encode_rows(
     // (shared, not copied) only when it is wanted.
     let mut kept = Vec::new();
     let mut sample_rows = 0u64;
-    let mut w = ArrowWriter::try_new(Vec::new(), samples_schema(), Some(props(Some(sorting))))?;
+    let mut w = ArrowWriter::try_new(
+        Vec::new(),
+        samples_schema(),
+        Some(props(Some(key_columns()))),
+    )?;
     for b in samples {
         let b = b?;
         sample_rows += b.num_rows() as u64;
@@ -333,14 +344,7 @@ fn encode_rows(
                 &rollup_widths,
             )?,
         };
-        let sorting = (0..4)
-            .map(|i| SortingColumn {
-                column_idx: i,
-                descending: false,
-                nulls_first: false,
-            })
-            .collect();
-        Some(to_parquet(rollup_schema(), &[rollup], Some(sorting))?)
+        Some(to_parquet(rollup_schema(), &[rollup], Some(key_columns()))?)
     };
 
     let mut profiles = data.profiles.clone();
