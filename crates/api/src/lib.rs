@@ -6,12 +6,14 @@
 //! - [`tenant_from_headers`]: the tenant from `X-Scope-OrgID`, validated;
 //! - [`parse_time`]: unix milliseconds, RFC 3339 or `now[-duration]`;
 //! - [`connect`]: the Connect protocol's codecs, compression and error shape;
+//! - [`metrics`]: the latency histograms of the write path's stages;
 //! - [`secret`]: the cluster secret that internal calls carry and internal
 //!   services require.
 
 pub mod auth;
 pub mod cluster;
 pub mod connect;
+pub mod metrics;
 pub mod secret;
 pub mod ticket;
 pub mod trace_context;

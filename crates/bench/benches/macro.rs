@@ -401,6 +401,7 @@ async fn ingest_bench(dir: &Path) {
     let (_, rss_before) = rss_mib();
     let rows_before = counter(&srv.url(), HEAD_ROWS).await;
     let wal_before = wal_counters(&srv.url()).await;
+    let stages_before = stage_seconds(&srv.url()).await;
     let cpu_before = process_cpu_secs();
     let (mbs, reqs, el) = push_for(vec![srv.url()], ingest_secs()).await;
     let busy = (process_cpu_secs() - cpu_before) / el;
@@ -408,6 +409,21 @@ async fn ingest_bench(dir: &Path) {
     let rows = counter(&srv.url(), HEAD_ROWS).await - rows_before;
     let wal = wal_counters(&srv.url()).await;
     let [records, commits, past_fill] = [0, 1, 2].map(|i| wal[i] - wal_before[i]);
+    let stages = stage_seconds(&srv.url()).await;
+    let mean_ms = |i: usize| {
+        let (sum, count) = (
+            stages[i].0 - stages_before[i].0,
+            stages[i].1 - stages_before[i].1,
+        );
+        sum * 1e3 / count.max(1.0)
+    };
+    println!(
+        "info: a request's stages over the /ingest run, means of the server's histograms: decode and normalize {:.3} ms, the write until acknowledged {:.3} ms, of which the WAL append until on disk {:.3} ms; a group commit's write and fdatasync {:.3} ms",
+        mean_ms(0),
+        mean_ms(1),
+        mean_ms(2),
+        mean_ms(3),
+    );
     println!(
         "info: the WAL over the /ingest run: {records:.0} records in {commits:.0} group commits ({:.1} records a commit, {:.2} ms apart), {past_fill:.0} of them past the zeros written ahead",
         records / commits.max(1.0),
@@ -1200,6 +1216,27 @@ async fn counter(url: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{url}/metrics has no {name}"))
+}
+
+/// The (sum, count) of the write path's latency histograms: decode,
+/// write, WAL append, WAL group commit.
+async fn stage_seconds(url: &str) -> [(f64, f64); 4] {
+    let mut out = [(0.0, 0.0); 4];
+    for (i, name) in [
+        "fathom_distributor_decode_seconds",
+        "fathom_distributor_write_seconds",
+        "fathom_ingester_wal_append_seconds",
+        "fathom_ingester_wal_commit_seconds",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        out[i] = (
+            counter(url, &format!("{name}_sum")).await,
+            counter(url, &format!("{name}_count")).await,
+        );
+    }
+    out
 }
 
 /// The WAL's records, group commits and commits past its zero fill, as

@@ -135,7 +135,9 @@ pub struct BlockData {
     /// Sample rows in [`samples_schema`]; need not be sorted (rows already
     /// in the block's order are written without a sort).
     pub samples: Vec<RecordBatch>,
-    pub symbols: Symbols,
+    /// Shared, so that an ingester's cut encodes its frozen head's
+    /// table without a copy.
+    pub symbols: Arc<Symbols>,
     /// Bucket widths of the rollup to write beside the samples
     /// (nanoseconds, e.g. [`crate::HOUR_NANOS`]); empty for none.
     pub rollup_widths_nanos: Vec<i64>,
@@ -624,7 +626,7 @@ mod tests {
             series: Vec::new(),
             profiles: Vec::new(),
             samples,
-            symbols: Symbols::default(),
+            symbols: Default::default(),
             rollup_widths_nanos: vec![crate::HOUR_NANOS],
         }
     }

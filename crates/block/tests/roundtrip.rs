@@ -104,7 +104,7 @@ async fn block_round_trip() {
         series: series.clone(),
         profiles: profiles.clone(),
         samples: vec![b.finish()],
-        symbols: symbols.clone(),
+        symbols: std::sync::Arc::new(symbols.clone()),
         rollup_widths_nanos: Vec::new(),
     };
     let (meta, files) = encode_block(&data).unwrap();

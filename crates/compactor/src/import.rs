@@ -124,7 +124,7 @@ impl Importer {
             series: d.series.into_values().collect(),
             profiles: d.profiles,
             samples: vec![d.samples.finish()],
-            symbols: d.symbols,
+            symbols: std::sync::Arc::new(d.symbols),
             rollup_widths_nanos: vec![HOUR_NANOS, DAY_NANOS],
         };
         // One block in flight: wait for the previous one first.

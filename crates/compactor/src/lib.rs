@@ -343,7 +343,7 @@ pub async fn merge(
             series: series.into_values().collect(),
             profiles,
             samples,
-            symbols,
+            symbols: Arc::new(symbols),
             rollup_widths_nanos: Vec::new(),
         },
         duplicates,
@@ -456,7 +456,8 @@ impl Compactor {
         if let Some(sym) = self.symbolizer.get()
             && let Ok(tenant) = fathom_model::TenantId::new(&job.tenant)
         {
-            sym.symbolize(&tenant, &mut data.symbols).await;
+            sym.symbolize(&tenant, Arc::make_mut(&mut data.symbols))
+                .await;
         }
         data.source = self.cfg.name.clone();
         // One above the job's level: a block that crossed its own window
@@ -765,7 +766,7 @@ mod tests {
             }],
             profiles: rows,
             samples: vec![sb.finish()],
-            symbols,
+            symbols: Arc::new(symbols),
             rollup_widths_nanos: Vec::new(),
         };
         let (meta, files) = fathom_block::encode_block(&data).unwrap();

@@ -279,10 +279,14 @@ impl Distributor {
     ) -> Result<IngestBatch, ApiError> {
         let metrics = self.metrics.clone();
         let t = tenant.clone();
-        let (profiles, symbols) =
-            tokio::task::spawn_blocking(move || decode_all(&t, payloads, &limits, &metrics, held))
-                .await
-                .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
+        let (profiles, symbols) = tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            let decoded = decode_all(&t, payloads, &limits, &metrics, held);
+            metrics.decode_seconds.since(start);
+            decoded
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
         Ok(IngestBatch {
             tenant: tenant.clone(),
             profiles,

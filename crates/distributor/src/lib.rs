@@ -153,6 +153,10 @@ pub(crate) struct Metrics {
     /// Writes built again whole after a replica no longer held a stack
     /// they left out.
     pub(crate) resent_whole: Counter,
+    /// A request's decode and normalize, on the blocking pool.
+    pub(crate) decode_seconds: fathom_api::metrics::Seconds,
+    /// A decoded batch's write, until the ingesters acknowledged it.
+    pub(crate) write_seconds: fathom_api::metrics::Seconds,
 }
 
 /// The distributor; cheap to clone.
@@ -196,6 +200,16 @@ impl Distributor {
             "writes_resent_whole",
             "Writes that left out stacks an ingester's head had acknowledged, decoded again and written whole because a head was cut or restarted meanwhile",
             metrics.resent_whole.clone(),
+        );
+        r.register(
+            "decode_seconds",
+            "Seconds to decode and normalize the profiles of a write request",
+            metrics.decode_seconds.histogram(),
+        );
+        r.register(
+            "write_seconds",
+            "Seconds from a decoded write to its acknowledgement by the ingesters (in one process, the WAL's; in a cluster, a quorum's)",
+            metrics.write_seconds.histogram(),
         );
         Distributor {
             limits: Arc::new(limits),
@@ -330,7 +344,10 @@ impl Distributor {
             return Ok((0, 0));
         }
         let tenant = batch.tenant.clone();
-        if let Err(e) = self.writer.write(batch).await {
+        let start = std::time::Instant::now();
+        let written = self.writer.write(batch).await;
+        self.metrics.write_seconds.since(start);
+        if let Err(e) = written {
             if let WriteError::Limit { limit, .. } = &e {
                 self.refused(&tenant, limit);
             }

@@ -49,7 +49,10 @@ pub(crate) struct TenantHead {
     profile_ids: IdSet,
     /// The samples of every write, one chunk a write, oldest first.
     chunks: Vec<Chunk>,
-    pub(crate) symbols: Symbols,
+    /// Shared with the blocks cut from this head: a cut encodes the
+    /// frozen head's table where it is, not a copy of it (writes go to
+    /// an active head, the only holder then).
+    pub(crate) symbols: Arc<Symbols>,
     pub(crate) sample_rows: usize,
     pub(crate) bytes: usize,
 }
@@ -260,7 +263,7 @@ impl TenantHead {
             return 0;
         }
         let before = self.symbols.stacks.len() + self.symbols.locations.len();
-        self.symbols.merge_owned(symbols);
+        Arc::make_mut(&mut self.symbols).merge_owned(symbols);
         let new_syms = self.symbols.stacks.len() + self.symbols.locations.len() - before;
         self.chunks.push(chunk.into());
         self.sample_rows += added;
@@ -282,7 +285,7 @@ impl TenantHead {
                 series: self.series.values().cloned().collect(),
                 profiles: self.profiles.clone(),
                 samples: Vec::new(),
-                symbols: self.symbols.clone(),
+                symbols: Arc::clone(&self.symbols),
                 rollup_widths_nanos: Vec::new(),
             },
             chunks: self.chunks.clone(),
@@ -496,6 +499,27 @@ mod tests {
         // The block stores those rows, a batch at a time.
         let (meta, _) = h.to_block("t".into(), "test".into()).encode().unwrap();
         assert_eq!(meta.stats.samples, want.len() as u64);
+    }
+
+    /// A cut's block reads the head's symbol table where it is: no copy
+    /// of it is made (a large head's table would be held twice while
+    /// the block is encoded). A later write to another head leaves the
+    /// block's table as it was.
+    #[test]
+    fn a_block_shares_its_heads_symbols() {
+        let mut h = TenantHead::default();
+        h.apply(batch(&[(1, 10), (2, 20)]));
+        assert!(!h.symbols.stacks.is_empty());
+        let block = h.to_block("t".into(), "test".into());
+        assert!(Arc::ptr_eq(&block.data.symbols, &h.symbols));
+        let held = h.symbols.stacks.len();
+        // Written to while a block holds the table (not something a cut
+        // head sees, but the table must not change under the block).
+        h.apply(batch(&[(3, 30)]));
+        assert!(h.symbols.stacks.len() > held);
+        assert_eq!(block.data.symbols.stacks.len(), held);
+        let (meta, _) = block.encode().unwrap();
+        assert_eq!(meta.stats.samples, 2);
     }
 
     /// A snapshot's rows are those of its profiles: one a sample, in

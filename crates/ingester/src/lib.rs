@@ -286,6 +286,16 @@ impl Ingester {
             "WAL group commits that grew the segment file past the zeros written ahead of the records (each also writes the file's metadata)",
             m.wal.commits_past_fill.clone(),
         );
+        r.register(
+            "wal_commit_seconds",
+            "Seconds a WAL group commit takes to write its records and fdatasync",
+            m.wal.commit_seconds.histogram(),
+        );
+        r.register(
+            "wal_append_seconds",
+            "Seconds from a WAL append to its record being on disk (the commit under way, then its own)",
+            m.wal.append_seconds.histogram(),
+        );
         r.register("profiles", "Profiles added to heads", m.profiles.clone());
         r.register("samples", "Sample rows added to heads", m.samples.clone());
         r.register("blocks_flushed", "Blocks cut and stored", m.blocks.clone());
@@ -357,7 +367,7 @@ impl Ingester {
             // Decoded against the head the records before it rebuilt: a
             // format-5 record names symbols that head holds.
             let decoded = fathom_proto::decode_write_request_skipping(rec, |tenant| {
-                state.active.get(tenant).map(|h| &h.symbols)
+                state.active.get(tenant).map(|h| &*h.symbols)
             });
             match decoded {
                 Ok(batch) => {
@@ -580,7 +590,7 @@ impl Ingester {
             let st = self.state.read();
             fathom_proto::decode_write_request_held(
                 &record,
-                |tenant| st.active.get(tenant).map(|h| &h.symbols),
+                |tenant| st.active.get(tenant).map(|h| &*h.symbols),
                 trusted,
             )
         };

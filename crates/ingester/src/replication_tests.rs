@@ -228,7 +228,7 @@ async fn records_of_known_symbols_keep_every_head_whole() {
         }
         bytes::Bytes::from(fathom_proto::encode_write_request(&b))
     };
-    let head_symbols = |ing: &Ingester| ing.state.read().active["t1"].symbols.clone();
+    let head_symbols = |ing: &Ingester| ing.state.read().active["t1"].symbols.as_ref().clone();
     ing.write_record(again(0)).await.unwrap();
     assert_eq!(head_symbols(&ing), batch.symbols);
     let added = ing.write_record(again(1)).await.unwrap();

@@ -65,6 +65,7 @@ pub(crate) struct Wal {
     dir: PathBuf,
     tx: mpsc::Sender<Cmd>,
     progress: Arc<Progress>,
+    append_seconds: fathom_api::metrics::Seconds,
 }
 
 fn segment_path(dir: &Path, n: u64) -> PathBuf {
@@ -95,6 +96,10 @@ pub(crate) struct WalMetrics {
     /// Commits that wrote past the zeros written ahead (the filler fell
     /// behind, or a commit was larger than the zeros left).
     pub(crate) commits_past_fill: prometheus_client::metrics::counter::Counter,
+    /// A group commit's write and `fdatasync`.
+    pub(crate) commit_seconds: fathom_api::metrics::Seconds,
+    /// An append, until its record is on disk.
+    pub(crate) append_seconds: fathom_api::metrics::Seconds,
 }
 
 impl Wal {
@@ -122,6 +127,7 @@ impl Wal {
             create_segment(dir, next)?,
             progress.clone(),
         );
+        let append_seconds = metrics.append_seconds.clone();
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("fathom-wal".into())
@@ -132,6 +138,7 @@ impl Wal {
                 dir: dir.to_owned(),
                 tx,
                 progress,
+                append_seconds,
             },
             replayed,
         ))
@@ -143,11 +150,14 @@ impl Wal {
         if record.is_empty() {
             return Err(WalError::Empty);
         }
+        let start = std::time::Instant::now();
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Cmd::Append(record, tx))
             .map_err(|_| WalError::Closed)?;
-        rx.await.map_err(|_| WalError::Closed)?
+        let r = rx.await.map_err(|_| WalError::Closed)?;
+        self.append_seconds.since(start);
+        r
     }
 
     /// Closes the current segment and starts a new one; every record
@@ -582,6 +592,7 @@ fn commit(
     if !seg.fill.reserve(end) {
         m.commits_past_fill.inc();
     }
+    let start = std::time::Instant::now();
     let r = seg
         .file
         .write_all_at(buf, seg.written)
@@ -590,6 +601,7 @@ fn commit(
             path: path.clone(),
             source,
         });
+    m.commit_seconds.since(start);
     m.bytes.inc_by(buf.len() as u64);
     m.fsyncs.inc();
     if r.is_ok() {

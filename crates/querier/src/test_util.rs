@@ -115,7 +115,7 @@ pub async fn history(store: &dyn ObjectStore) -> (Vec<fathom_block::BlockMeta>, 
             series: series.into_values().collect(),
             profiles: rows,
             samples: vec![sb.finish()],
-            symbols: symbols.clone(),
+            symbols: std::sync::Arc::new(symbols.clone()),
             rollup_widths_nanos: vec![HOUR_NANOS, DAY_NANOS],
         };
         let (meta, files) = fathom_block::encode_block(&data).unwrap();

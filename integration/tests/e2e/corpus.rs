@@ -135,6 +135,26 @@ fn corpus_matches_go_pprof_from_head_and_from_blocks() {
         ingest_file(&f, &format!("corpus{i}"), &c.path, BASE_S);
         expectations.push(reference(c));
     }
+    // Each request's decode and write, each WAL append and group commit,
+    // is timed: every histogram counts what its counter counts.
+    let m = |name: &str| f.metric(name).unwrap();
+    assert_eq!(
+        m("fathom_distributor_decode_seconds_count"),
+        files.len() as f64
+    );
+    let records = m("fathom_ingester_wal_records_total");
+    assert!(records > 0.0);
+    assert_eq!(m("fathom_distributor_write_seconds_count"), records);
+    assert_eq!(m("fathom_ingester_wal_append_seconds_count"), records);
+    assert_eq!(
+        m("fathom_ingester_wal_commit_seconds_count"),
+        m("fathom_ingester_wal_fsyncs_total")
+    );
+    assert!(m("fathom_ingester_wal_commit_seconds_sum") > 0.0);
+    assert!(
+        m("fathom_distributor_write_seconds_sum") >= m("fathom_ingester_wal_commit_seconds_sum"),
+        "a write waits for at least its own commit"
+    );
     let check = |f: &Fathom, when: &str| {
         let mut errs = Vec::new();
         for (i, c) in files.iter().enumerate() {
