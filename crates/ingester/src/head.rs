@@ -503,8 +503,8 @@ mod tests {
 
     /// A cut's block reads the head's symbol table where it is: no copy
     /// of it is made (a large head's table would be held twice while
-    /// the block is encoded). A later write to another head leaves the
-    /// block's table as it was.
+    /// the block is encoded). A later write to the head copies the table
+    /// first and leaves the block's as it was.
     #[test]
     fn a_block_shares_its_heads_symbols() {
         let mut h = TenantHead::default();
