@@ -250,6 +250,17 @@ fn ingest_clients() -> usize {
         .unwrap_or(4)
 }
 
+/// Clients of the single process's saturated run: enough that the cores,
+/// not the clients' wait for each acknowledgement, bound the figure:
+/// `FATHOM_BENCH_SATURATE_CLIENTS` (default 8 a core).
+fn saturating_clients() -> usize {
+    std::env::var("FATHOM_BENCH_SATURATE_CLIENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(8 * cores())
+}
+
 /// Ingest throughput: [`ingest_clients`] concurrent clients push `files`
 /// round robin to `urls` for `secs` with `protocol`. Returns (MB/s of
 /// acknowledged uncompressed pprof, requests, seconds). Refused requests
@@ -265,6 +276,17 @@ async fn push_with(
     files: Vec<Body>,
     secs: u64,
 ) -> (f64, u64, f64) {
+    push_clients(protocol, urls, files, secs, ingest_clients()).await
+}
+
+/// [`push_with`] with `clients` concurrent clients.
+async fn push_clients(
+    protocol: Protocol,
+    urls: Vec<String>,
+    files: Vec<Body>,
+    secs: u64,
+    clients: usize,
+) -> (f64, u64, f64) {
     let bytes = Arc::new(AtomicU64::new(0));
     let reqs = Arc::new(AtomicU64::new(0));
     let refused = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
@@ -274,7 +296,6 @@ async fn push_with(
     let deadline = Instant::now() + Duration::from_secs(secs);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    let clients = ingest_clients();
     for w in 0..clients {
         let files = files.clone();
         let bytes = bytes.clone();
@@ -450,6 +471,27 @@ async fn ingest_bench(dir: &Path) {
     println!(
         "figure head_rows_per_ingested_byte: {:.3} ({rows:.0} samples of {row_bytes} bytes added to the head, {row_mib:.0} MiB, for {acked_mib:.0} MiB of pprof acknowledged: the part of head_rss_per_ingested_byte that is the head's rows)",
         row_mib / acked_mib.max(f64::MIN_POSITIVE),
+    );
+    // The same server at a load that keeps its cores busy: the per-core
+    // figure above counts the cores its four clients leave idle, each
+    // waiting for its acknowledgement (mostly the WAL's fdatasync).
+    let sat_clients = saturating_clients();
+    let cpu_before = process_cpu_secs();
+    let (smbs, sreqs, sel) = push_clients(
+        Protocol::Ingest,
+        vec![srv.url()],
+        bodies(Protocol::Ingest),
+        ingest_secs(),
+        sat_clients,
+    )
+    .await;
+    let sbusy = (process_cpu_secs() - cpu_before) / sel;
+    println!(
+        "figure ingest_single_process_saturated: {:.1} MB/s per core over {cores} cores ({smbs:.1} MB/s; {sreqs} requests in {sel:.1} s from {sat_clients} clients, {sbusy:.2} of {cores} cores busy) against the bare prost decode above: ratio {:.2} (issue 13's per-core target at a load the cores bound; the {} clients above: {:.2})",
+        smbs / cores as f64,
+        smbs / cores as f64 / prost.max(f64::MIN_POSITIVE),
+        ingest_clients(),
+        mbs / cores as f64 / prost.max(f64::MIN_POSITIVE),
     );
     // The same files through Pyroscope's push.v1 (Connect, protobuf), on
     // the same server, right after.
