@@ -493,6 +493,14 @@ async fn ingest_bench(dir: &Path) {
         ingest_clients(),
         mbs / cores as f64 / prost.max(f64::MIN_POSITIVE),
     );
+    // The reference again, after both runs: on a shared machine it moves
+    // between runs, and a ratio is only as steady as it.
+    let prost_after = prost_decode_mbs(5.0);
+    println!(
+        "info: the bare prost decode after the /ingest runs: {prost_after:.1} MB/s on one thread against {prost:.1} before (the ratios above use the one before): the 4 clients' ratio {:.2} and the saturated run's {:.2} against it",
+        mbs / cores as f64 / prost_after.max(f64::MIN_POSITIVE),
+        smbs / cores as f64 / prost_after.max(f64::MIN_POSITIVE),
+    );
     // The same files through Pyroscope's push.v1 (Connect, protobuf), on
     // the same server, right after.
     let (pmbs, preqs, pel) = push_with(
