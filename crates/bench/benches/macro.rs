@@ -473,7 +473,7 @@ async fn ingest_bench(dir: &Path) {
         row_mib / acked_mib.max(f64::MIN_POSITIVE),
     );
     // The same server at a load that keeps its cores busy: the per-core
-    // figure above counts the cores its four clients leave idle, each
+    // figure above counts the cores its clients leave idle, each
     // waiting for its acknowledgement (mostly the WAL's fdatasync).
     let sat_clients = saturating_clients();
     let cpu_before = process_cpu_secs();
@@ -497,7 +497,8 @@ async fn ingest_bench(dir: &Path) {
     // between runs, and a ratio is only as steady as it.
     let prost_after = prost_decode_mbs(5.0);
     println!(
-        "info: the bare prost decode after the /ingest runs: {prost_after:.1} MB/s on one thread against {prost:.1} before (the ratios above use the one before): the 4 clients' ratio {:.2} and the saturated run's {:.2} against it",
+        "info: the bare prost decode after the /ingest runs: {prost_after:.1} MB/s on one thread against {prost:.1} before (the ratios above use the one before): the {} clients' ratio {:.2} and the saturated run's {:.2} against it",
+        ingest_clients(),
         mbs / cores as f64 / prost_after.max(f64::MIN_POSITIVE),
         smbs / cores as f64 / prost_after.max(f64::MIN_POSITIVE),
     );
