@@ -262,7 +262,7 @@ impl Distributor {
                 let batch = self.decode(&tenant, payloads, limits, None).await?;
                 self.accept(batch, now).await?
             }
-            Err(crate::Refused::LeftOut(why)) => return Err(ApiError::Unavailable(why)),
+            Err(crate::Refused::LeftOut(e)) => return Err(e.into()),
             Err(crate::Refused::Api(e)) => return Err(e),
         };
         Ok(Accepted { profiles, samples })

@@ -91,34 +91,76 @@ impl Default for Limits {
     }
 }
 
-/// Why a write to the ingesters failed.
+/// An error from the other side of a write seam, kept as a value of its
+/// own type (`downcast_ref` reads it): the in-process ingester's
+/// `fathom_ingester::Error`, or a replica's [`ring::ReplicaError`].
+pub type Source = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a write to the ingesters failed. Every variant but
+/// [`WriteError::Limit`] is retryable (503); each keeps what caused it as
+/// its source.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
-    /// Not enough replicas acknowledged; the client should retry.
-    #[error("{0}")]
-    Unavailable(String),
-    /// An ingester refused the write by a per-tenant limit (`max_series`):
-    /// the client's limit, not retryable as is (429).
-    #[error("{message}")]
+    /// The ingester ring could not be read.
+    #[error("reading the ingester ring: {0}")]
+    Ring(#[source] fathom_api::cluster::MembershipError),
+    /// Fewer live ingesters than a write needs.
+    #[error("{live} live ingesters, a write needs {need} of {rf} replicas; retry later")]
+    NoQuorum { live: usize, need: usize, rf: usize },
+    /// Fewer replicas than a quorum took one group of the batch: each
+    /// failed replica's error.
+    #[error(
+        "{} of {targets} replicas failed (a write needs {need} of {rf}): {}",
+        errors.len(),
+        join(errors, "; ")
+    )]
+    Replicas {
+        targets: usize,
+        need: usize,
+        rf: usize,
+        errors: Vec<ring::ReplicaError>,
+    },
+    /// Groups of the batch that were not acknowledged, each group's error.
+    #[error("not acknowledged, retry: {}", join(.0, " | "))]
+    Groups(Vec<WriteError>),
+    /// The in-process ingester failed (its `fathom_ingester::Error`).
+    #[error("ingester: {0}")]
+    Ingester(#[source] Source),
+    /// An ingester refused the write by a per-tenant limit (`limit`, such
+    /// as `max_series`): the client's limit, not retryable as is (429).
+    /// The source's message names the tenant, the limit and its count.
+    #[error("{source}")]
     Limit {
         limit: &'static str,
-        message: String,
+        #[source]
+        source: Source,
     },
-    #[error("{0}")]
-    Internal(String),
     /// The batch left out stacks (built against what the ingesters held,
     /// [`IngesterWriter::held_stacks`]) that a replica's head no longer
     /// holds: the request is decoded again and written whole.
-    #[error("{0}")]
-    LeftOut(String),
+    #[error("{source}")]
+    LeftOut {
+        #[source]
+        source: Source,
+    },
 }
 
+/// The messages of `errors`, joined by `sep`.
+fn join<E: std::fmt::Display>(errors: &[E], sep: &str) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
+/// The one mapping of a failed write to the client's status: a tenant's
+/// limit is 429, anything else the ingesters' state (503, retry).
 impl From<WriteError> for ApiError {
     fn from(e: WriteError) -> Self {
         match e {
-            WriteError::Unavailable(m) | WriteError::LeftOut(m) => ApiError::Unavailable(m),
-            WriteError::Limit { message, .. } => ApiError::RateLimited(message),
-            WriteError::Internal(m) => ApiError::Internal(m),
+            WriteError::Limit { .. } => ApiError::RateLimited(e.to_string()),
+            e => ApiError::Unavailable(e.to_string()),
         }
     }
 }
@@ -299,7 +341,7 @@ impl Distributor {
             .await
             .map_err(|e| match e {
                 Refused::Api(e) => e,
-                Refused::LeftOut(m) => ApiError::Unavailable(m),
+                Refused::LeftOut(e) => e.into(),
             })
     }
 
@@ -351,8 +393,8 @@ impl Distributor {
             if let WriteError::Limit { limit, .. } = &e {
                 self.refused(&tenant, limit);
             }
-            if let WriteError::LeftOut(m) = e {
-                return Err(Refused::LeftOut(m));
+            if let WriteError::LeftOut { .. } = e {
+                return Err(Refused::LeftOut(e));
             }
             return Err(Refused::Api(e.into()));
         }
@@ -366,7 +408,7 @@ impl Distributor {
 pub(crate) enum Refused {
     Api(ApiError),
     /// [`WriteError::LeftOut`]: worth building again whole.
-    LeftOut(String),
+    LeftOut(WriteError),
 }
 
 impl From<ApiError> for Refused {

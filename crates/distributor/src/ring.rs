@@ -21,7 +21,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fathom_api::cluster::{Channels, IngesterAddr, Ingesters, quorum};
+use fathom_api::cluster::{ChannelError, Channels, IngesterAddr, Ingesters, quorum};
 use fathom_model::{Id, IdHasher, IngestBatch, Labels, Symbols, TenantId};
 use fathom_proto::ingester::Record;
 use fathom_proto::ingester::ingester_service_client::IngesterServiceClient;
@@ -86,20 +86,62 @@ pub fn replicas(live: &[IngesterAddr], key: &RingKey, n: usize) -> Vec<IngesterA
         .collect()
 }
 
-/// Why one replica did not take a write.
+/// Why one replica did not take a write, with the error that said so.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
-    /// The ingester refused it by the tenant's `max_series`
-    /// (`RESOURCE_EXHAUSTED`): the client's limit, not worth a retry.
-    #[error("{0}")]
-    Limit(String),
-    /// Unreachable, failing or full: retryable.
-    #[error("{0}")]
-    Failed(String),
+    /// No channel to the ingester could be made.
+    #[error("{ingester}: {source}")]
+    Channel {
+        ingester: String,
+        #[source]
+        source: ChannelError,
+    },
+    /// The ingester answered the call with an error status; its code says
+    /// which [`ReplicaFailure`] it is.
+    #[error("{ingester} ({addr}): {}", source.message())]
+    Status {
+        ingester: String,
+        addr: String,
+        #[source]
+        source: tonic::Status,
+    },
+    /// An ingester reached another way (in process): its own error, and
+    /// which [`ReplicaFailure`] it is.
+    #[error("{ingester}: {source}")]
+    Other {
+        ingester: String,
+        failure: ReplicaFailure,
+        #[source]
+        source: crate::Source,
+    },
+}
+
+/// What a replica's failure means for the write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaFailure {
+    /// Refused by the tenant's `max_series` (`RESOURCE_EXHAUSTED`): the
+    /// client's limit, not worth a retry.
+    Limit,
     /// The record left out stacks the ingester's head no longer holds
     /// (`FAILED_PRECONDITION`): sent whole, it would be taken.
-    #[error("{0}")]
-    NotHeld(String),
+    NotHeld,
+    /// Unreachable, failing or full: retryable.
+    Failed,
+}
+
+impl ReplicaError {
+    /// What this failure means for the write.
+    pub fn failure(&self) -> ReplicaFailure {
+        match self {
+            ReplicaError::Channel { .. } => ReplicaFailure::Failed,
+            ReplicaError::Status { source, .. } => match source.code() {
+                tonic::Code::ResourceExhausted => ReplicaFailure::Limit,
+                tonic::Code::FailedPrecondition => ReplicaFailure::NotHeld,
+                _ => ReplicaFailure::Failed,
+            },
+            ReplicaError::Other { failure, .. } => *failure,
+        }
+    }
 }
 
 /// Sends one write to one ingester: `record` is the encoded
@@ -140,7 +182,10 @@ impl ReplicaClient for GrpcReplicas {
         let ch = self
             .0
             .get(&to.addr)
-            .map_err(|e| ReplicaError::Failed(format!("{}: {e}", to.id)))?;
+            .map_err(|source| ReplicaError::Channel {
+                ingester: to.id.clone(),
+                source,
+            })?;
         let mut req = tonic::Request::new(Record { record, held_under });
         fathom_api::trace_context::inject(&mut req);
         IngesterServiceClient::new(ch)
@@ -148,15 +193,10 @@ impl ReplicaClient for GrpcReplicas {
             .write_record(req)
             .await
             .map(|r| r.into_inner().head)
-            .map_err(|s| {
-                if s.code() == tonic::Code::ResourceExhausted {
-                    // The message names the tenant, its limit and its count.
-                    ReplicaError::Limit(s.message().to_owned())
-                } else if s.code() == tonic::Code::FailedPrecondition {
-                    ReplicaError::NotHeld(format!("{}: {}", to.id, s.message()))
-                } else {
-                    ReplicaError::Failed(format!("{} ({}): {}", to.id, to.addr, s.message()))
-                }
+            .map_err(|source| ReplicaError::Status {
+                ingester: to.id.clone(),
+                addr: to.addr.clone(),
+                source,
             })
     }
 }
@@ -295,11 +335,7 @@ impl IngesterWriter for ReplicatedWriter {
     async fn write(&self, batch: IngestBatch) -> Result<(), WriteError> {
         // The token of the answers that left stacks out, if any.
         let token = batch.symbols.relies_on;
-        let live = self
-            .ingesters
-            .ingesters()
-            .await
-            .map_err(|e| WriteError::Unavailable(format!("reading the ingester ring: {e}")))?;
+        let live = self.ingesters.ingesters().await.map_err(WriteError::Ring)?;
         let rf = self.replication_factor;
         let need = quorum(rf);
         {
@@ -310,10 +346,11 @@ impl IngesterWriter for ReplicatedWriter {
         }
         if live.len() < need {
             self.metrics.quorum_failures.inc();
-            return Err(WriteError::Unavailable(format!(
-                "{} live ingesters, a write needs {need} of {rf} replicas; retry later",
-                live.len()
-            )));
+            return Err(WriteError::NoQuorum {
+                live: live.len(),
+                need,
+                rf,
+            });
         }
         // Per replica, the head number its left-out stacks were found
         // under: while its head keeps it, it takes them without lookups.
@@ -376,12 +413,12 @@ impl IngesterWriter for ReplicatedWriter {
                                 .replica_writes
                                 .get_or_create(&vec![("outcome".into(), "error".into())])
                                 .inc();
-                            match e {
-                                ReplicaError::Limit(m) => limit = Some(m),
-                                ReplicaError::Failed(m) => errors.push(m),
-                                ReplicaError::NotHeld(m) => {
+                            match e.failure() {
+                                ReplicaFailure::Limit => limit = Some(e),
+                                ReplicaFailure::Failed => errors.push(e),
+                                ReplicaFailure::NotHeld => {
                                     self.acked.forget(&t.id, &group_tenant);
-                                    not_held = Some(m);
+                                    not_held = Some(e);
                                 }
                             }
                         }
@@ -389,27 +426,29 @@ impl IngesterWriter for ReplicatedWriter {
                 }
                 // With fewer live ingesters than the factor, every one of
                 // them must take the write (and at least a quorum).
-                if let Some(m) = not_held {
+                if let Some(e) = not_held {
                     // Built again whole, for every replica (those that
                     // took this one skip its profiles): a write is not
                     // left on fewer replicas than it could be.
-                    Err(WriteError::LeftOut(m))
+                    Err(WriteError::LeftOut {
+                        source: Box::new(e),
+                    })
                 } else if ok >= need {
                     Ok(())
-                } else if let Some(m) = limit {
+                } else if let Some(e) = limit {
                     // A replica refused by the tenant's limit: retrying
                     // does not help, so it is the answer.
                     Err(WriteError::Limit {
                         limit: "max_series",
-                        message: m,
+                        source: Box::new(e),
                     })
                 } else {
-                    Err(WriteError::Unavailable(format!(
-                        "{} of {} replicas failed (a write needs {need} of {rf}): {}",
-                        targets.len() - ok,
-                        targets.len(),
-                        errors.join("; ")
-                    )))
+                    Err(WriteError::Replicas {
+                        targets: targets.len(),
+                        need,
+                        rf,
+                        errors,
+                    })
                 }
             }
         });
@@ -420,8 +459,8 @@ impl IngesterWriter for ReplicatedWriter {
             match r {
                 Ok(()) => {}
                 Err(e @ WriteError::Limit { .. }) => return Err(e),
-                Err(e @ WriteError::LeftOut(_)) => left_out = Some(e),
-                Err(e) => errors.push(e.to_string()),
+                Err(e @ WriteError::LeftOut { .. }) => left_out = Some(e),
+                Err(e) => errors.push(e),
             }
         }
         if let Some(e) = left_out
@@ -433,10 +472,7 @@ impl IngesterWriter for ReplicatedWriter {
             Ok(())
         } else {
             self.metrics.quorum_failures.inc();
-            Err(WriteError::Unavailable(format!(
-                "not acknowledged, retry: {}",
-                errors.join(" | ")
-            )))
+            Err(WriteError::Groups(errors))
         }
     }
 }
@@ -532,7 +568,11 @@ mod tests {
             _: u64,
         ) -> Result<u64, ReplicaError> {
             if self.down.contains(&to.id) {
-                return Err(ReplicaError::Failed(format!("{} is down", to.id)));
+                return Err(ReplicaError::Other {
+                    ingester: to.id.clone(),
+                    failure: ReplicaFailure::Failed,
+                    source: "down".into(),
+                });
             }
             let batch = fathom_proto::decode_write_request(&record).expect("a valid record");
             self.got.lock().push((to.id.clone(), batch.profiles.len()));
@@ -655,10 +695,78 @@ mod tests {
 
         let (w, _) = writer(&["ingester-1", "ingester-2"], 3);
         let e = w.write(batch(4)).await.unwrap_err();
-        let WriteError::Unavailable(m) = e else {
-            panic!("retryable")
-        };
+        let m = e.to_string();
         assert!(m.contains("2 of 3 replicas failed"), "{m}");
+        // Each group's error, and in it each failed replica's, kept as
+        // values: the replicas that failed are named by the errors
+        // themselves, not only by the message.
+        let WriteError::Groups(groups) = &e else {
+            panic!("the groups' errors: {e:?}")
+        };
+        assert_eq!(groups.len(), 4, "one error per group of a single profile");
+        for g in groups {
+            let WriteError::Replicas { errors, need, .. } = g else {
+                panic!("a replica quorum failure: {g:?}")
+            };
+            assert_eq!(*need, 2);
+            let mut failed: Vec<&str> = errors
+                .iter()
+                .map(|r| match r {
+                    ReplicaError::Other {
+                        ingester, failure, ..
+                    } if *failure == ReplicaFailure::Failed => ingester.as_str(),
+                    r => panic!("the fake's failure: {r:?}"),
+                })
+                .collect();
+            failed.sort_unstable();
+            assert_eq!(failed, ["ingester-1", "ingester-2"]);
+            let source = std::error::Error::source(&errors[0]).expect("the replica's own error");
+            assert_eq!(source.to_string(), "down");
+        }
+        // Retryable: 503, with the same message.
+        let api = fathom_api::ApiError::from(e);
+        assert_eq!(api.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(api.to_string().contains("2 of 3 replicas failed"), "{api}");
+    }
+
+    /// A replica's status code decides what its failure means, and the
+    /// status stays the error's source.
+    #[test]
+    fn a_replica_status_says_what_failed() {
+        let at = |code| ReplicaError::Status {
+            ingester: "ingester-1".into(),
+            addr: "127.0.0.1:1".into(),
+            source: tonic::Status::new(code, "the ingester's words"),
+        };
+        assert_eq!(
+            at(tonic::Code::ResourceExhausted).failure(),
+            ReplicaFailure::Limit
+        );
+        assert_eq!(
+            at(tonic::Code::FailedPrecondition).failure(),
+            ReplicaFailure::NotHeld
+        );
+        assert_eq!(
+            at(tonic::Code::Unavailable).failure(),
+            ReplicaFailure::Failed
+        );
+        let e = at(tonic::Code::ResourceExhausted);
+        assert_eq!(
+            e.to_string(),
+            "ingester-1 (127.0.0.1:1): the ingester's words"
+        );
+        let status = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<tonic::Status>())
+            .expect("the status as the source");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        // A limit is the client's: 429 through the one mapping.
+        let w = WriteError::Limit {
+            limit: "max_series",
+            source: Box::new(e),
+        };
+        let api = fathom_api::ApiError::from(w);
+        assert_eq!(api.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(api.to_string().contains("the ingester's words"), "{api}");
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fathom_api::cluster::{IngesterAddr, StaticIngesters};
 use fathom_block::MemoryIndex;
 use fathom_distributor::IngesterWriter;
-use fathom_distributor::ring::{ReplicaClient, ReplicaError, ReplicatedWriter};
+use fathom_distributor::ring::{ReplicaClient, ReplicaError, ReplicaFailure, ReplicatedWriter};
 use fathom_model::{IngestBatch, Labels, TenantId};
 use object_store::memory::InMemory;
 use parking_lot::Mutex;
@@ -45,9 +45,13 @@ impl ReplicaClient for InProcess {
         ing.write_record_to_head(record, held_under)
             .await
             .map(|(_, head)| head)
-            .map_err(|e| match e {
-                crate::Error::NotHeld => ReplicaError::NotHeld(e.to_string()),
-                e => ReplicaError::Failed(e.to_string()),
+            .map_err(|e| ReplicaError::Other {
+                ingester: to.id.clone(),
+                failure: match e {
+                    crate::Error::NotHeld => ReplicaFailure::NotHeld,
+                    _ => ReplicaFailure::Failed,
+                },
+                source: Box::new(e),
             })
     }
 }

@@ -65,7 +65,9 @@ pub use symbols::{SymbolsConfig, symbolize_compactions};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("object store: {0}")]
-    Store(String),
+    Store(#[source] object_store::Error),
+    #[error("--s3-bucket is required with --object-store s3")]
+    S3Bucket,
     #[error("listing blocks at start-up: {0}")]
     Blocks(#[from] fathom_block::Error),
     #[error("opening the ingester: {0}")]
@@ -73,7 +75,9 @@ pub enum Error {
     #[error(transparent)]
     Cache(#[from] fathom_querier::CacheError),
     #[error("metastore: {0}")]
-    Metastore(String),
+    Metastore(#[source] fathom_metastore::Error),
+    #[error("metastore: {0}")]
+    MetastoreClient(#[source] fathom_metastore::MetastoreError),
     #[error("starting the querier: {0}")]
     Querier(#[from] QueryError),
     #[error("tenants file {0}")]
@@ -176,10 +180,12 @@ impl IngesterWriter for LocalWriter {
         self.0.write(batch).await.map(|_| ()).map_err(|e| match e {
             fathom_ingester::Error::SeriesLimit { .. } => WriteError::Limit {
                 limit: "max_series",
-                message: e.to_string(),
+                source: Box::new(e),
             },
-            e @ fathom_ingester::Error::LeftOut { .. } => WriteError::LeftOut(e.to_string()),
-            e => WriteError::Unavailable(format!("ingester: {e}")),
+            fathom_ingester::Error::LeftOut { .. } => WriteError::LeftOut {
+                source: Box::new(e),
+            },
+            e => WriteError::Ingester(Box::new(e)),
         })
     }
 
@@ -246,7 +252,7 @@ pub async fn run_all(
         ..MetastoreConfig::default()
     })
     .await
-    .map_err(|e| Error::Metastore(e.to_string()))?;
+    .map_err(Error::Metastore)?;
     meta.register_metrics(&mut registry);
     let client = MetastoreClient::with_options(
         [meta.addr()],
@@ -255,7 +261,7 @@ pub async fn run_all(
             ..Default::default()
         },
     )
-    .map_err(|e| Error::Metastore(e.to_string()))?;
+    .map_err(Error::MetastoreClient)?;
     let imported = import_blocks(&client, store.as_ref()).await?;
     tracing::info!(
         imported,
@@ -375,7 +381,7 @@ async fn import_blocks(
     client: &MetastoreClient,
     store: &dyn object_store::ObjectStore,
 ) -> Result<usize, Error> {
-    let m = |e: fathom_metastore::MetastoreError| Error::Metastore(e.to_string());
+    let m = Error::MetastoreClient;
     if !client.tenants().await.map_err(m)?.is_empty()
         || !client.pending_deletions().await.map_err(m)?.is_empty()
     {
@@ -501,3 +507,74 @@ pub async fn serve(
 
 pub use fathom_distributor::{InflightConfig, Limits};
 pub use fathom_querier::{CacheConfig, Config as QuerierConfig, SqlConfig};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fathom_distributor::{FoldedParams, Format, Payload, decode_payloads};
+
+    /// The in-process ingester's refusals reach the distributor as its own
+    /// errors, kept as the `WriteError`'s source: a tenant's series limit
+    /// is a `Limit` (429 through the one mapping) whose source is the
+    /// ingester's `SeriesLimit`, and the message is the ingester's.
+    #[tokio::test]
+    async fn the_local_writer_keeps_the_ingesters_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let ingester = Ingester::open(
+            fathom_ingester::Config {
+                data_dir: dir.path().to_owned(),
+                name: "test".into(),
+                flush_interval: Duration::from_secs(3600),
+                max_head_bytes: 1 << 30,
+                max_head_memory: 1 << 30,
+            },
+            Arc::new(object_store::memory::InMemory::new()),
+            Arc::new(fathom_block::MemoryIndex::default()),
+            &mut Registry::default(),
+        )
+        .unwrap();
+        ingester.set_series_limit(Arc::new(|_| Some(1)));
+        let tenant = TenantId::new("t1").unwrap();
+        let batch = |service: &str| {
+            let mut p = Payload::new(
+                Format::Folded(FoldedParams::default()),
+                "main;work 10\n".into(),
+            );
+            p.labels = fathom_model::Labels::from_pairs([("service_name", service)]).unwrap();
+            p.name_hint = Some("cpu".into());
+            let (profiles, symbols) =
+                decode_payloads(&tenant, vec![p], &fathom_distributor::Limits::default()).unwrap();
+            IngestBatch {
+                tenant: tenant.clone(),
+                profiles,
+                symbols,
+            }
+        };
+        let w = LocalWriter(ingester);
+        w.write(batch("a"))
+            .await
+            .expect("the first series is within the limit");
+        let e = w.write(batch("b")).await.unwrap_err();
+        let WriteError::Limit { limit, source } = &e else {
+            panic!("a tenant's limit: {e:?}")
+        };
+        assert_eq!(*limit, "max_series");
+        assert!(
+            matches!(
+                source.downcast_ref::<fathom_ingester::Error>(),
+                Some(fathom_ingester::Error::SeriesLimit {
+                    limit: 1,
+                    series: 1,
+                    ..
+                })
+            ),
+            "{source:?}"
+        );
+        let api = fathom_api::ApiError::from(e);
+        assert_eq!(api.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            api.to_string().contains("at its limit of 1 series"),
+            "{api}"
+        );
+    }
+}

@@ -76,14 +76,11 @@ impl ObjectStoreConfig {
                     what: format!("creating {}", dir.display()),
                     source,
                 })?;
-                let fs = LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| Error::Store(e.to_string()))?;
+                let fs = LocalFileSystem::new_with_prefix(&dir).map_err(Error::Store)?;
                 Ok(Arc::new(fs))
             }
             StoreKind::S3 => {
-                let bucket = self.s3_bucket.as_deref().ok_or_else(|| {
-                    Error::Store("--s3-bucket is required with --object-store s3".into())
-                })?;
+                let bucket = self.s3_bucket.as_deref().ok_or(Error::S3Bucket)?;
                 // Fail within seconds and leave the retrying to the roles
                 // (ingester uploads back off and count failures; queries
                 // answer 503) instead of object_store's 3-minute budget.
@@ -106,9 +103,7 @@ impl ObjectStoreConfig {
                 if let Some(k) = &self.s3_secret_access_key {
                     b = b.with_secret_access_key(k);
                 }
-                Ok(Arc::new(
-                    b.build().map_err(|e| Error::Store(e.to_string()))?,
-                ))
+                Ok(Arc::new(b.build().map_err(Error::Store)?))
             }
         }
     }
