@@ -128,8 +128,9 @@ pub enum WriteError {
     Ingester(#[source] Source),
     /// An ingester refused the write by a per-tenant limit (`limit`, such
     /// as `max_series`): the client's limit, not retryable as is (429).
-    /// The source's message names the tenant, the limit and its count.
-    #[error("{source}")]
+    /// The message is the ingester's, which names the tenant, the limit
+    /// and its count (not which ingester said it, nor its address).
+    #[error("{}", limit_message(source))]
     Limit {
         limit: &'static str,
         #[source]
@@ -143,6 +144,16 @@ pub enum WriteError {
         #[source]
         source: Source,
     },
+}
+
+/// What a client is told of a tenant's limit: the refusing ingester's
+/// own words (a replica's status message, without the replica's name and
+/// address).
+fn limit_message(source: &Source) -> String {
+    match source.downcast_ref::<ring::ReplicaError>() {
+        Some(ring::ReplicaError::Status { source, .. }) => source.message().to_owned(),
+        _ => source.to_string(),
+    }
 }
 
 /// The messages of `errors`, joined by `sep`.

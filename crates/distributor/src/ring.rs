@@ -764,9 +764,11 @@ mod tests {
             limit: "max_series",
             source: Box::new(e),
         };
+        assert!(std::error::Error::source(&w).is_some_and(|s| s.is::<ReplicaError>()));
         let api = fathom_api::ApiError::from(w);
         assert_eq!(api.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
-        assert!(api.to_string().contains("the ingester's words"), "{api}");
+        // The ingester's words alone: no replica's name or address.
+        assert_eq!(api.to_string(), "the ingester's words");
     }
 
     #[tokio::test]
