@@ -147,13 +147,11 @@ pub enum WriteError {
 }
 
 /// What a client is told of a tenant's limit: the refusing ingester's
-/// own words (a replica's status message, without the replica's name and
-/// address).
+/// own words ([`ring::ReplicaError::answer`] for a replica's).
 fn limit_message(source: &Source) -> String {
-    match source.downcast_ref::<ring::ReplicaError>() {
-        Some(ring::ReplicaError::Status { source, .. }) => source.message().to_owned(),
-        _ => source.to_string(),
-    }
+    source
+        .downcast_ref::<ring::ReplicaError>()
+        .map_or_else(|| source.to_string(), ring::ReplicaError::answer)
 }
 
 /// The messages of `errors`, joined by `sep`.

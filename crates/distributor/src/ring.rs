@@ -142,6 +142,16 @@ impl ReplicaError {
             ReplicaError::Other { failure, .. } => *failure,
         }
     }
+
+    /// The failure in the ingester's own words, without which ingester
+    /// it was or its address: what a client is told of a tenant's limit.
+    pub fn answer(&self) -> String {
+        match self {
+            ReplicaError::Channel { source, .. } => source.to_string(),
+            ReplicaError::Status { source, .. } => source.message().to_owned(),
+            ReplicaError::Other { source, .. } => source.to_string(),
+        }
+    }
 }
 
 /// Sends one write to one ingester: `record` is the encoded
