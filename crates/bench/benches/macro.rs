@@ -429,7 +429,7 @@ async fn ingest_bench(dir: &Path) {
     let (_, rss_after) = rss_mib();
     let rows = counter(&srv.url(), HEAD_ROWS).await - rows_before;
     let wal = wal_counters(&srv.url()).await;
-    let [records, commits, past_fill] = [0, 1, 2].map(|i| wal[i] - wal_before[i]);
+    let [records, commits, past_fill, wal_bytes] = [0, 1, 2, 3].map(|i| wal[i] - wal_before[i]);
     let stages = stage_seconds(&srv.url()).await;
     let mean_ms = |i: usize| {
         let (sum, count) = (
@@ -446,9 +446,11 @@ async fn ingest_bench(dir: &Path) {
         mean_ms(3),
     );
     println!(
-        "info: the WAL over the /ingest run: {records:.0} records in {commits:.0} group commits ({:.1} records a commit, {:.2} ms apart), {past_fill:.0} of them past the zeros written ahead",
+        "info: the WAL over the /ingest run: {records:.0} records in {commits:.0} group commits ({:.1} records a commit, {:.2} ms apart), {past_fill:.0} of them past the zeros written ahead; {:.1} kB a record, {:.3} bytes of WAL a byte of pprof acknowledged",
         records / commits.max(1.0),
         el * 1e3 / commits.max(1.0),
+        wal_bytes / records.max(1.0) / 1e3,
+        wal_bytes / (mbs * 1e6 * el).max(1.0),
     );
     let cores = cores();
     println!(
@@ -1290,13 +1292,14 @@ async fn stage_seconds(url: &str) -> [(f64, f64); 4] {
     out
 }
 
-/// The WAL's records, group commits and commits past its zero fill, as
-/// the server counts them.
-async fn wal_counters(url: &str) -> [f64; 3] {
+/// The WAL's records, group commits, commits past its zero fill and
+/// bytes appended, as the server counts them.
+async fn wal_counters(url: &str) -> [f64; 4] {
     [
         counter(url, "fathom_ingester_wal_records_total").await,
         counter(url, "fathom_ingester_wal_fsyncs_total").await,
         counter(url, "fathom_ingester_wal_commits_past_fill_total").await,
+        counter(url, "fathom_ingester_wal_bytes_total").await,
     ]
 }
 

@@ -324,10 +324,16 @@ fn replay_segment(
     }
 }
 
-/// Bytes of zeros the filler writes at a time.
-const FILL_CHUNK: u64 = 4 << 20;
+/// Bytes of zeros the filler writes and syncs at a time. Small: a
+/// commit's `fdatasync` waits for whatever of the file is being written
+/// back, the filler's zeros included, and 4 MiB at a time put 1–13 ms on
+/// about one commit in a hundred (docs/benchmarks.md, issue 13's
+/// twenty-eighth session); 256 KiB keeps the slowest commits under a
+/// millisecond.
+const FILL_CHUNK: u64 = 256 << 10;
 /// The writer asks for more zeros when fewer than this many are left
-/// ahead of its records.
+/// ahead of its records; the filler then writes them, a chunk at a time,
+/// until twice this many are.
 const FILL_AHEAD: u64 = 2 << 20;
 
 /// The zeros of one segment: how far they reach, shared by the writer
@@ -345,6 +351,9 @@ struct FillState {
     end: u64,
     /// The filler is writing zeros from `end`.
     busy: bool,
+    /// The writer is leaving the segment: the filler stops after the
+    /// chunk it is writing.
+    closing: bool,
     /// A fill failed: the writer appends to this segment without zeros
     /// ahead (as it did before the fill existed).
     failed: bool,
@@ -357,61 +366,75 @@ impl Fill {
     }
 
     /// Called before the writer writes up to `end`: past the zeros, it
-    /// waits for a fill under way (which writes there) and then owns the
-    /// bytes up to `end`. Returns whether the write stays within zeros.
+    /// waits until a fill under way (which writes there) reaches `end` or
+    /// stops, and then owns the bytes up to `end`. Returns whether the
+    /// write stays within zeros.
     fn reserve(&self, end: u64) -> bool {
         let mut s = self.state();
-        if end <= s.end {
-            return true;
-        }
-        while s.busy {
+        while s.busy && end > s.end {
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
         let within = end <= s.end;
+        // Past the zeros only with no fill under way: the filler writes
+        // from `end` on, never below it.
         s.end = s.end.max(end);
         within
     }
 
-    /// Waits until no fill is under way (before the segment is closed).
+    /// Stops a fill under way after its current chunk and waits for it
+    /// (before the segment is closed).
     fn idle(&self) {
         let mut s = self.state();
+        s.closing = true;
         while s.busy {
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
     }
 }
 
-/// A fill the writer asks for: zeros at `fill.end` of `file`.
+/// A fill the writer asks for: zeros from `fill.end` of `file` to
+/// `until`.
 struct FillJob {
     path: PathBuf,
     file: Arc<File>,
     fill: Arc<Fill>,
+    until: u64,
 }
 
-/// The filler thread: writes each job's zeros and syncs them (allocating
-/// the blocks and growing the file, the metadata a commit then need not
-/// write), then publishes the new end.
+/// The filler thread: writes each job's zeros a chunk at a time and syncs
+/// each (allocating the blocks and growing the file, the metadata a
+/// commit then need not write), publishing the new end after each.
 fn filler(jobs: mpsc::Receiver<FillJob>) {
     let zeros = vec![0u8; FILL_CHUNK as usize];
     while let Ok(job) = jobs.recv() {
-        let from = job.fill.state().end;
-        let r = job
-            .file
-            .write_all_at(&zeros, from)
-            .and_then(|()| job.file.sync_data());
-        let mut s = job.fill.state();
-        match r {
-            Ok(()) => s.end = from + FILL_CHUNK,
-            Err(e) => {
-                tracing::warn!(
-                    path = %job.path.display(),
-                    error = %e,
-                    "could not write zeros ahead of the wal; appending without them"
-                );
-                s.failed = true;
+        loop {
+            let from = {
+                let s = job.fill.state();
+                if s.closing || s.end >= job.until {
+                    break;
+                }
+                s.end
+            };
+            let r = job
+                .file
+                .write_all_at(&zeros, from)
+                .and_then(|()| job.file.sync_data());
+            let mut s = job.fill.state();
+            match r {
+                Ok(()) => s.end = from + FILL_CHUNK,
+                Err(e) => {
+                    tracing::warn!(
+                        path = %job.path.display(),
+                        error = %e,
+                        "could not write zeros ahead of the wal; appending without them"
+                    );
+                    s.failed = true;
+                    break;
+                }
             }
+            job.fill.changed.notify_all();
         }
-        s.busy = false;
+        job.fill.state().busy = false;
         job.fill.changed.notify_all();
     }
 }
@@ -423,6 +446,8 @@ struct Segment {
     file: Arc<File>,
     /// Bytes of records written to it.
     written: u64,
+    /// Where the last [`drop_from_page_cache`] of it stopped.
+    dropped: u64,
     fill: Arc<Fill>,
     /// Where [`Wal::disk_bytes`] reads `n` and `written`.
     progress: Arc<Progress>,
@@ -435,6 +460,7 @@ impl Segment {
             n,
             file: Arc::new(file),
             written: 0,
+            dropped: 0,
             fill: Arc::default(),
             progress,
         };
@@ -458,6 +484,7 @@ impl Segment {
             path: segment_path(&self.dir, self.n),
             file: self.file.clone(),
             fill: self.fill.clone(),
+            until: self.written.saturating_add(2 * FILL_AHEAD),
         };
         if filler.send(job).is_err() {
             s.busy = false;
@@ -549,6 +576,10 @@ fn writer(seg: Segment, rx: mpsc::Receiver<Cmd>, m: WalMetrics) {
     }
 }
 
+/// The bytes a segment's writer commits between two
+/// [`drop_from_page_cache`] calls.
+const DROP_EVERY: u64 = 1 << 20;
+
 /// Asks the kernel to drop the first `written` bytes of `file`, all
 /// written and synced, from the page cache. Nothing reads them again
 /// except a replay after a restart, and kept they only grow the cache:
@@ -619,8 +650,13 @@ fn commit(
         });
     }
     // After the answers: the advice is not part of the acknowledgement.
-    if r.is_ok() {
+    // Once a MiB, not every commit: the call took a tenth of a
+    // millisecond a commit on average, and milliseconds in the slowest,
+    // while the next commit's records waited (docs/benchmarks.md, issue
+    // 13's twenty-eighth session); the cache keeps that much more.
+    if r.is_ok() && seg.written - seg.dropped >= DROP_EVERY {
         drop_from_page_cache(&seg.file, seg.written);
+        seg.dropped = seg.written;
     }
     r
 }
@@ -728,11 +764,11 @@ mod tests {
         wal.close().await;
         let written = fs::metadata(&path).unwrap().len();
         assert!(written > 4 << 20, "{written} bytes written");
-        // Synced pages are dropped as they are written: at most the
-        // partial pages at the ends of commits remain.
+        // Synced pages are dropped as they are written, a MiB at a time:
+        // at most the last MiB and a partial page remain.
         let resident = resident_bytes(&path);
         assert!(
-            resident < written / 8,
+            resident <= DROP_EVERY + 4096,
             "{resident} of {written} bytes of the segment still in the page cache"
         );
         let mut got = Vec::new();
@@ -766,7 +802,7 @@ mod tests {
             "the page the next append writes into was dropped ({written} bytes written)"
         );
         assert!(
-            resident < written / 8,
+            resident <= DROP_EVERY + 4096,
             "{resident} of {written} bytes of the segment still in the page cache"
         );
     }
