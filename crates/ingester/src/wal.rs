@@ -326,10 +326,9 @@ fn replay_segment(
 
 /// Bytes of zeros the filler writes and syncs at a time. Small: a
 /// commit's `fdatasync` waits for whatever of the file is being written
-/// back, the filler's zeros included, and 4 MiB at a time put 1–13 ms on
-/// about one commit in a hundred (docs/benchmarks.md, issue 13's
-/// twenty-eighth session); 256 KiB keeps the slowest commits under a
-/// millisecond.
+/// back, the filler's zeros included. In a test on a virtio disk, 4 MiB
+/// at a time made about one commit in a hundred take 1.6–13 ms, and
+/// 256 KiB none (docs/benchmarks.md, issue 13's twenty-eighth session).
 const FILL_CHUNK: u64 = 256 << 10;
 /// The writer asks for more zeros when fewer than this many are left
 /// ahead of its records; the filler then writes them, a chunk at a time,
