@@ -1056,8 +1056,11 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     let mut single = Fathom::start(&d.path().join("all"), &[]).unwrap();
     let single_pid: Vec<u32> = single.pid().into_iter().collect();
     let cpu0 = cpu_seconds(&single_pid);
-    let (one, reqs1, el1) = rt.block_on(push_for(vec![single.url("")], secs));
+    let single_urls = vec![single.url("")];
+    let cuts0 = rt.block_on(head_cuts(&single_urls));
+    let (one, reqs1, el1) = rt.block_on(push_for(single_urls.clone(), secs));
     let one_cpu = cpu_seconds(&single_pid) - cpu0;
+    let one_cuts = rt.block_on(head_cuts(&single_urls)).since(cuts0);
     single.stop().unwrap();
     drop(single);
 
@@ -1079,8 +1082,11 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
         .filter_map(|p| p.pid())
         .collect();
     let cpu0 = cpu_seconds(&pids);
+    let ingester_urls: Vec<String> = c.ingesters.iter().map(|p| p.url("")).collect();
+    let cuts0 = rt.block_on(head_cuts(&ingester_urls));
     let (rf3, reqs3, el3) = rt.block_on(push_for(urls.clone(), secs));
     let rf3_cpu = cpu_seconds(&pids) - cpu0;
+    let rf3_cuts = rt.block_on(head_cuts(&ingester_urls)).since(cuts0);
     // CPU a MB acknowledged: what the cluster's own work costs, whatever
     // the cores were doing besides (the figures above move with the
     // machine's other load, this less).
@@ -1096,6 +1102,12 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     println!(
         "figure ingest_cluster_rf3: {rf3:.1} MB/s of uncompressed pprof acknowledged ({reqs3} requests in {el3:.1} s; 2 distributors, 3 ingesters, every write on 3 WALs) next to ingest_single_process_as_process: {one:.1} MB/s ({reqs1} requests in {el1:.1} s), same binary, same clients, same {cores}-core machine: ratio {:.2}",
         rf3 / one
+    );
+    // A head cut costs its ingester about as much CPU as the writes that
+    // filled it: a run that cuts where the other does not is not like
+    // for like (docs/benchmarks.md, twenty-ninth session).
+    println!(
+        "info: head cuts during the runs: the single process {one_cuts}; the cluster's three ingesters {rf3_cuts} (each replica cuts its own copy); FATHOM_BENCH_INGEST_SECS={secs}"
     );
     print_prost_ratio(
         "ingest_single_process_as_process",
@@ -1269,6 +1281,51 @@ async fn counter(url: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{url}/metrics has no {name}"))
+}
+
+/// Head cuts of the ingesters at some URLs, as their metrics count them.
+#[derive(Clone, Copy, Default)]
+struct HeadCuts {
+    /// Blocks cut and stored (`fathom_ingester_blocks_flushed_total`).
+    stored: f64,
+    /// Heads being cut (frozen, not yet stored) at the time.
+    cutting: usize,
+}
+
+impl HeadCuts {
+    /// The cuts stored since `before`, and those under way now.
+    fn since(self, before: HeadCuts) -> HeadCuts {
+        HeadCuts {
+            stored: self.stored - before.stored,
+            cutting: self.cutting,
+        }
+    }
+}
+
+impl std::fmt::Display for HeadCuts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} stored, {} under way at the end",
+            self.stored, self.cutting
+        )
+    }
+}
+
+/// [`HeadCuts`] over the ingesters (or single processes) at `urls`: a head
+/// is being cut while the heads' memory (those being stored included)
+/// exceeds the live heads'.
+async fn head_cuts(urls: &[String]) -> HeadCuts {
+    let mut out = HeadCuts::default();
+    for u in urls {
+        out.stored += counter(u, "fathom_ingester_blocks_flushed_total").await;
+        let live = counter(u, "fathom_ingester_head_bytes").await;
+        let held = counter(u, "fathom_ingester_head_memory_bytes").await;
+        if held > live {
+            out.cutting += 1;
+        }
+    }
+    out
 }
 
 /// The (sum, count) of the write path's latency histograms: decode,
