@@ -65,6 +65,7 @@ use object_store::ObjectStore;
 use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 pub use fathom_api::ticket::{HeadTicket, MAX_HEAD_STACKS};
@@ -201,6 +202,20 @@ struct Metrics {
     left_out_restored: Counter,
     not_held: Counter,
     held_by_head: Counter,
+    /// A cut's block: encoding it, then storing it (upload and index).
+    block_encode_seconds: CutSeconds,
+    block_store_seconds: CutSeconds,
+}
+
+/// Seconds of one stage of a head cut: buckets from 10 ms doubling to
+/// about 5 minutes (a cut of a full head takes seconds).
+#[derive(Clone)]
+struct CutSeconds(Histogram);
+
+impl Default for CutSeconds {
+    fn default() -> Self {
+        CutSeconds(Histogram::new(exponential_buckets(0.01, 2.0, 16)))
+    }
 }
 
 /// The ingester; see the crate documentation.
@@ -299,6 +314,16 @@ impl Ingester {
         r.register("profiles", "Profiles added to heads", m.profiles.clone());
         r.register("samples", "Sample rows added to heads", m.samples.clone());
         r.register("blocks_flushed", "Blocks cut and stored", m.blocks.clone());
+        r.register(
+            "block_encode_seconds",
+            "Seconds a head cut takes to encode its block",
+            m.block_encode_seconds.0.clone(),
+        );
+        r.register(
+            "block_store_seconds",
+            "Seconds a head cut takes to store its encoded block and add it to the block index (retries included)",
+            m.block_store_seconds.0.clone(),
+        );
         r.register(
             "block_bytes",
             "Bytes of stored blocks",
@@ -783,10 +808,13 @@ impl Ingester {
         head: &TenantHead,
         deadline: Option<Instant>,
     ) -> Result<BlockMeta, Error> {
+        let start = Instant::now();
         let block = head.to_block(tenant.to_owned(), self.cfg.name.clone());
         let (meta, files) = tokio::task::spawn_blocking(move || block.encode())
             .await
             .map_err(Error::EncodeTask)??;
+        let encoded = start.elapsed();
+        self.m.block_encode_seconds.0.observe(encoded.as_secs_f64());
         let mut backoff = Duration::from_millis(200);
         loop {
             match fathom_block::write_block(self.store.as_ref(), &meta, files.clone()).await {
@@ -819,6 +847,8 @@ impl Ingester {
                 }
             }
         }
+        let stored = start.elapsed().saturating_sub(encoded);
+        self.m.block_store_seconds.0.observe(stored.as_secs_f64());
         self.m.blocks.inc();
         self.m.block_bytes.inc_by(meta.stats.bytes);
         tracing::info!(
@@ -827,6 +857,8 @@ impl Ingester {
             profiles = meta.stats.profiles,
             samples = meta.stats.samples,
             bytes = meta.stats.bytes,
+            encode_seconds = format!("{:.2}", encoded.as_secs_f64()),
+            store_seconds = format!("{:.2}", stored.as_secs_f64()),
             "flushed block"
         );
         Ok(meta)

@@ -118,6 +118,16 @@ fn fathom_all_compacts_its_blocks_through_its_metastore() {
             metric(f, "fathom_ingester_blocks_flushed_total") >= (i + 1) as f64
         });
     }
+    // Each cut's two stages are timed, in the metrics and the log.
+    for stage in ["encode", "store"] {
+        let n = metric(&f, &format!("fathom_ingester_block_{stage}_seconds_count"));
+        assert!(n >= 2.0, "{n} {stage} timings for two cuts");
+        assert!(
+            f.log().contains(&format!("{stage}_seconds=")),
+            "{}",
+            f.log()
+        );
+    }
     wait(&f, "two blocks compacted into one", &|f| {
         metric(f, "fathom_compactor_jobs_total") >= 1.0
             && metric(f, "fathom_metastore_blocks") == 1.0
