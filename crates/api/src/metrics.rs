@@ -1,6 +1,6 @@
 //! Latency histograms shared by the roles' metrics.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
@@ -18,9 +18,20 @@ impl Default for Seconds {
 }
 
 impl Seconds {
+    /// For work that takes seconds (a head cut): buckets from 10 ms
+    /// doubling to about 5 minutes.
+    pub fn slow() -> Self {
+        Seconds(Histogram::new(exponential_buckets(0.01, 2.0, 16)))
+    }
+
     /// Records the time since `start`.
     pub fn since(&self, start: Instant) {
-        self.0.observe(start.elapsed().as_secs_f64());
+        self.observe(start.elapsed());
+    }
+
+    /// Records `d`.
+    pub fn observe(&self, d: Duration) {
+        self.0.observe(d.as_secs_f64());
     }
 
     /// The histogram, to register.

@@ -65,7 +65,6 @@ use object_store::ObjectStore;
 use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 pub use fathom_api::ticket::{HeadTicket, MAX_HEAD_STACKS};
@@ -202,20 +201,10 @@ struct Metrics {
     left_out_restored: Counter,
     not_held: Counter,
     held_by_head: Counter,
-    /// A cut's block: encoding it, then storing it (upload and index).
-    block_encode_seconds: CutSeconds,
-    block_store_seconds: CutSeconds,
-}
-
-/// Seconds of one stage of a head cut: buckets from 10 ms doubling to
-/// about 5 minutes (a cut of a full head takes seconds).
-#[derive(Clone)]
-struct CutSeconds(Histogram);
-
-impl Default for CutSeconds {
-    fn default() -> Self {
-        CutSeconds(Histogram::new(exponential_buckets(0.01, 2.0, 16)))
-    }
+    /// A cut's block: encoding it, then storing it (upload and index);
+    /// [`fathom_api::metrics::Seconds::slow`].
+    block_encode_seconds: fathom_api::metrics::Seconds,
+    block_store_seconds: fathom_api::metrics::Seconds,
 }
 
 /// The ingester; see the crate documentation.
@@ -279,7 +268,11 @@ impl Ingester {
         index: Arc<dyn BlockIndex>,
         registry: &mut Registry,
     ) -> Result<Arc<Self>, Error> {
-        let m = Metrics::default();
+        let m = Metrics {
+            block_encode_seconds: fathom_api::metrics::Seconds::slow(),
+            block_store_seconds: fathom_api::metrics::Seconds::slow(),
+            ..Metrics::default()
+        };
         let r = registry.sub_registry_with_prefix("fathom_ingester");
         r.register(
             "wal_bytes",
@@ -317,12 +310,12 @@ impl Ingester {
         r.register(
             "block_encode_seconds",
             "Seconds a head cut takes to encode its block",
-            m.block_encode_seconds.0.clone(),
+            m.block_encode_seconds.histogram(),
         );
         r.register(
             "block_store_seconds",
             "Seconds a head cut takes to store its encoded block and add it to the block index (retries included)",
-            m.block_store_seconds.0.clone(),
+            m.block_store_seconds.histogram(),
         );
         r.register(
             "block_bytes",
@@ -814,7 +807,7 @@ impl Ingester {
             .await
             .map_err(Error::EncodeTask)??;
         let encoded = start.elapsed();
-        self.m.block_encode_seconds.0.observe(encoded.as_secs_f64());
+        self.m.block_encode_seconds.observe(encoded);
         let mut backoff = Duration::from_millis(200);
         loop {
             match fathom_block::write_block(self.store.as_ref(), &meta, files.clone()).await {
@@ -848,7 +841,7 @@ impl Ingester {
             }
         }
         let stored = start.elapsed().saturating_sub(encoded);
-        self.m.block_store_seconds.0.observe(stored.as_secs_f64());
+        self.m.block_store_seconds.observe(stored);
         self.m.blocks.inc();
         self.m.block_bytes.inc_by(meta.stats.bytes);
         tracing::info!(
@@ -857,8 +850,8 @@ impl Ingester {
             profiles = meta.stats.profiles,
             samples = meta.stats.samples,
             bytes = meta.stats.bytes,
-            encode_seconds = format!("{:.2}", encoded.as_secs_f64()),
-            store_seconds = format!("{:.2}", stored.as_secs_f64()),
+            encode_ms = encoded.as_millis() as u64,
+            store_ms = stored.as_millis() as u64,
             "flushed block"
         );
         Ok(meta)
