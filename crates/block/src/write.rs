@@ -10,9 +10,10 @@ use bytes::Bytes;
 use fathom_model::{Id, Profile, SERVICE_NAME, Sample, Symbols};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::SortingColumn;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
+use parquet::schema::types::ColumnPath;
 
 use crate::meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 use crate::schema::*;
@@ -143,25 +144,52 @@ pub struct BlockData {
     pub rollup_widths_nanos: Vec<i64>,
 }
 
-fn props(sorting: Option<Vec<SortingColumn>>) -> WriterProperties {
-    WriterProperties::builder()
+/// How a block file's rows are laid out, which decides its writer
+/// settings ([`props`]).
+#[derive(Clone, Copy)]
+enum Rows {
+    /// Sorted by the first four columns ([`key_columns`]): the samples
+    /// and rollup files.
+    Sorted,
+    /// One row per value of this column, a content id: the series,
+    /// profiles and symbol files.
+    Keyed(&'static str),
+}
+
+/// The writer settings of a block file of `rows`.
+///
+/// Writer version 2: under version 1 parquet-rs writes a
+/// `FIXED_LEN_BYTE_ARRAY` column PLAIN whatever the dictionary setting
+/// (version 1 of the format had no dictionary for it), so every 16-byte
+/// id was stored whole, row after row. An ingest-like head of 8.8 M
+/// samples gave 116 MB of `samples.parquet` that way and 16.6 MB with
+/// its ids dictionary-encoded, for about the same encoding time
+/// (docs/benchmarks.md, "Issue 13, thirtieth session"). Readers take
+/// either version: blocks written before read as they did.
+///
+/// A file's key column (each id once) stays PLAIN: a dictionary of
+/// values that never repeat only adds an index a row.
+fn props(rows: Rows) -> WriterProperties {
+    let b = WriterProperties::builder()
+        .set_writer_version(WriterVersion::PARQUET_2_0)
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
         .set_dictionary_enabled(true)
         // Large dictionaries keep 16-byte ids dictionary-encoded.
         .set_dictionary_page_size_limit(64 << 20)
         .set_max_row_group_row_count(Some(1 << 20))
-        .set_statistics_enabled(EnabledStatistics::Page)
-        .set_sorting_columns(sorting)
-        .build()
+        .set_statistics_enabled(EnabledStatistics::Page);
+    match rows {
+        Rows::Sorted => b.set_sorting_columns(Some(key_columns())),
+        Rows::Keyed(key) => b
+            .set_column_dictionary_enabled(ColumnPath::from(key), false)
+            .set_column_encoding(ColumnPath::from(key), Encoding::PLAIN),
+    }
+    .build()
 }
 
-fn to_parquet(
-    schema: SchemaRef,
-    batches: &[RecordBatch],
-    sorting: Option<Vec<SortingColumn>>,
-) -> Result<Bytes> {
+fn to_parquet(schema: SchemaRef, batches: &[RecordBatch], rows: Rows) -> Result<Bytes> {
     let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props(sorting)))?;
+    let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props(rows)))?;
     for b in batches {
         w.write(b)?;
     }
@@ -321,11 +349,7 @@ fn encode_rows(
     // (shared, not copied) only when it is wanted.
     let mut kept = Vec::new();
     let mut sample_rows = 0u64;
-    let mut w = ArrowWriter::try_new(
-        Vec::new(),
-        samples_schema(),
-        Some(props(Some(key_columns()))),
-    )?;
+    let mut w = ArrowWriter::try_new(Vec::new(), samples_schema(), Some(props(Rows::Sorted)))?;
     for b in samples {
         let b = b?;
         sample_rows += b.num_rows() as u64;
@@ -346,7 +370,7 @@ fn encode_rows(
                 &rollup_widths,
             )?,
         };
-        Some(to_parquet(rollup_schema(), &[rollup], Some(key_columns()))?)
+        Some(to_parquet(rollup_schema(), &[rollup], Rows::Sorted)?)
     };
 
     let mut profiles = data.profiles.clone();
@@ -489,27 +513,51 @@ fn encode_rows(
         (files::SAMPLES, samples_pq),
         (
             files::PROFILES,
-            to_parquet(profiles_schema(), &[profiles_batch], None)?,
+            to_parquet(
+                profiles_schema(),
+                &[profiles_batch],
+                Rows::Keyed(columns::PROFILE_ID),
+            )?,
         ),
         (
             files::SERIES,
-            to_parquet(series_schema(), &[series_batch], None)?,
+            to_parquet(
+                series_schema(),
+                &[series_batch],
+                Rows::Keyed(columns::SERIES_ID),
+            )?,
         ),
         (
             files::STACKS,
-            to_parquet(stacks_schema(), &[stacks_batch], None)?,
+            to_parquet(
+                stacks_schema(),
+                &[stacks_batch],
+                Rows::Keyed(columns::STACK_ID),
+            )?,
         ),
         (
             files::LOCATIONS,
-            to_parquet(locations_schema(), &[locations_batch], None)?,
+            to_parquet(
+                locations_schema(),
+                &[locations_batch],
+                Rows::Keyed(columns::LOCATION_ID),
+            )?,
         ),
         (
             files::FUNCTIONS,
-            to_parquet(functions_schema(), &[functions_batch], None)?,
+            to_parquet(
+                functions_schema(),
+                &[functions_batch],
+                Rows::Keyed(columns::FUNCTION_ID),
+            )?,
         ),
         (
             files::MAPPINGS,
-            to_parquet(mappings_schema(), &[mappings_batch], None)?,
+            to_parquet(
+                mappings_schema(),
+                &[mappings_batch],
+                Rows::Keyed(columns::MAPPING_ID),
+            )?,
         ),
     ];
     let sample_bytes = out[0].1.len() as u64;

@@ -53,9 +53,9 @@ fn symbols_and_stacks() -> (Symbols, Vec<Id>) {
     (s, stacks)
 }
 
-#[tokio::test]
-async fn block_round_trip() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+/// A block of 3 profiles of one series, 5 samples each, its symbols and
+/// its stack ids.
+fn test_block() -> (BlockData, Symbols, Vec<Id>) {
     let (symbols, stacks) = symbols_and_stacks();
     let pt: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
         .parse()
@@ -107,6 +107,14 @@ async fn block_round_trip() {
         symbols: std::sync::Arc::new(symbols.clone()),
         rollup_widths_nanos: Vec::new(),
     };
+    (data, symbols, stacks)
+}
+
+#[tokio::test]
+async fn block_round_trip() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (data, symbols, stacks) = test_block();
+    let (series, profiles) = (data.series.clone(), data.profiles.clone());
     let (meta, files) = encode_block(&data).unwrap();
     assert_eq!(meta.stats.samples, 15);
     assert_eq!((meta.min_time_nanos, meta.max_time_nanos), (1000, 1002));
@@ -123,6 +131,115 @@ async fn block_round_trip() {
     let back = read_symbols(store.as_ref(), &meta).await.unwrap();
     assert_eq!(back, symbols);
     assert_eq!(back.frames(&stacks[1]), symbols.frames(&stacks[1]));
+}
+
+/// Every 16-byte id column is dictionary-encoded where ids repeat, and a
+/// file's key column (each id once) is PLAIN.
+#[test]
+fn repeated_ids_are_dictionary_encoded_keys_plain() {
+    use parquet::basic::{Encoding, Type};
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    let (data, _, _) = test_block();
+    let (_, files) = encode_block(&data).unwrap();
+    let key = |file: &str| match file {
+        files::PROFILES => Some(columns::PROFILE_ID),
+        files::SERIES => Some(columns::SERIES_ID),
+        files::STACKS => Some(columns::STACK_ID),
+        files::LOCATIONS => Some(columns::LOCATION_ID),
+        files::FUNCTIONS => Some(columns::FUNCTION_ID),
+        files::MAPPINGS => Some(columns::MAPPING_ID),
+        _ => None,
+    };
+    let mut checked = 0;
+    for (name, bytes) in &files {
+        let r = SerializedFileReader::new(bytes.clone()).unwrap();
+        for c in r.metadata().row_groups().iter().flat_map(|rg| rg.columns()) {
+            if c.column_type() != Type::FIXED_LEN_BYTE_ARRAY {
+                continue;
+            }
+            let e: Vec<Encoding> = c.encodings().collect();
+            let column = c.column_path().parts()[0].as_str();
+            if key(name) == Some(column) {
+                assert!(
+                    !e.contains(&Encoding::RLE_DICTIONARY),
+                    "{name} {column}: {e:?}"
+                );
+                assert!(e.contains(&Encoding::PLAIN), "{name} {column}: {e:?}");
+            } else {
+                assert!(
+                    e.contains(&Encoding::RLE_DICTIONARY),
+                    "{name} {column}: {e:?}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    // samples 3, profiles 2, series 1, stacks 2, locations 3, functions 1,
+    // mappings 1.
+    assert_eq!(checked, 13);
+}
+
+/// A block written before the writer's version 2 (its ids PLAIN, data
+/// pages of version 1) reads as it did: the samples and stacks files of a
+/// block re-encoded with parquet-rs's default (version 1) settings give
+/// the same rows and symbols.
+#[tokio::test]
+async fn blocks_of_writer_version_1_still_read() {
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::basic::Encoding;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    let (data, symbols, _) = test_block();
+    let (meta, mut files) = encode_block(&data).unwrap();
+    // The encodings of the id (16-byte) columns.
+    let encodings = |bytes: &bytes::Bytes| -> Vec<Encoding> {
+        let r = SerializedFileReader::new(bytes.clone()).unwrap();
+        let md = r.metadata();
+        md.row_groups()
+            .iter()
+            .flat_map(|rg| rg.columns())
+            .filter(|c| c.column_type() == parquet::basic::Type::FIXED_LEN_BYTE_ARRAY)
+            .flat_map(|c| c.encodings())
+            .collect()
+    };
+    for (name, bytes) in files.iter_mut() {
+        if *name != files::SAMPLES && *name != files::STACKS {
+            continue;
+        }
+        assert!(
+            encodings(bytes).contains(&Encoding::RLE_DICTIONARY),
+            "{name}"
+        );
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+            .unwrap()
+            .build()
+            .unwrap();
+        let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+        let mut w = ArrowWriter::try_new(Vec::new(), batches[0].schema(), None).unwrap();
+        for b in &batches {
+            w.write(b).unwrap();
+        }
+        let v1 = bytes::Bytes::from(w.into_inner().unwrap());
+        // Version 1 leaves the 16-byte ids PLAIN: no dictionary for them.
+        assert!(
+            !encodings(&v1).contains(&Encoding::RLE_DICTIONARY),
+            "{name}"
+        );
+        *bytes = v1;
+    }
+    let store = InMemory::new();
+    let want = encode_block(&data).unwrap().1;
+    let want_samples = ParquetRecordBatchReaderBuilder::try_new(want[0].1.clone())
+        .unwrap()
+        .build()
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect::<Vec<_>>();
+    write_block(&store, &meta, files).await.unwrap();
+    assert_eq!(read_samples(&store, &meta).await.unwrap(), want_samples);
+    assert_eq!(read_symbols(&store, &meta).await.unwrap(), symbols);
 }
 
 #[tokio::test]
