@@ -1,9 +1,13 @@
 //! pprof decode + normalize throughput on the real corpus, in bytes of
-//! uncompressed pprof per second (one core: criterion runs one thread).
+//! uncompressed pprof per second (one core: criterion runs one thread),
+//! and the encoding of a head cut's block of the same profiles, in
+//! samples per second.
 
+use arrow::array::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use fathom_bench::{pprof_files, uncompressed};
-use fathom_model::Labels;
+use fathom_block::{BlockData, ProfileRow, SeriesRow, encode_sorted_block, samples_batch};
+use fathom_model::{Labels, Symbols};
 use fathom_pprof::{Limits, NormalizeOptions, decode, normalize};
 
 fn bench(c: &mut Criterion) {
@@ -47,5 +51,106 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// The block an ingester's cut encodes after a steady stream of the
+/// corpus: every profile [`CUT_COPIES`] times, each copy a profile of its
+/// own (its id and time moved), the rows in the block's order as the
+/// head gives them (`encode_sorted_block`, a batch of about 64 Ki rows at
+/// a time), the corpus's symbols once.
+fn cut_block() -> (BlockData, Vec<RecordBatch>, usize) {
+    let opts = NormalizeOptions {
+        labels: Labels::from_pairs([("service_name", "bench")]).unwrap(),
+        ..Default::default()
+    };
+    let mut symbols = Symbols::default();
+    let mut seen = std::collections::HashSet::new();
+    let mut profiles = Vec::new();
+    for (_, bytes) in pprof_files() {
+        let Ok(out) = decode(&uncompressed(&bytes), &Limits::default())
+            .map_err(|e| e.to_string())
+            .and_then(|p| normalize(&p, &opts).map_err(|e| e.to_string()))
+        else {
+            continue;
+        };
+        symbols.merge_owned(out.symbols);
+        // The corpus holds a few profiles twice: a head keeps one.
+        profiles.extend(out.profiles.into_iter().filter(|p| seen.insert(p.id)));
+    }
+    let mut series = std::collections::BTreeMap::new();
+    let mut rows = Vec::new();
+    let mut runs = Vec::new();
+    for copy in 0..CUT_COPIES {
+        for p in &profiles {
+            let sid = p.series_id();
+            let mut id = p.id;
+            id.0[..2].copy_from_slice(&(copy as u16).to_le_bytes());
+            let time = 1_700_000_000_000_000_000 + copy as i64 * 1_000_000_000;
+            let mut samples = p.samples.clone();
+            samples.sort_unstable_by_key(|s| s.stack);
+            series
+                .entry(sid)
+                .or_insert_with(|| SeriesRow::of(p))
+                .include(time);
+            let mut row = ProfileRow::of(p, sid);
+            (row.profile_id, row.time_nanos) = (id, time);
+            rows.push(row);
+            runs.push((sid, time, id, samples));
+        }
+    }
+    runs.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    let total = runs.iter().map(|r| r.3.len()).sum();
+    let mut batches = Vec::new();
+    let mut rest = &runs[..];
+    while !rest.is_empty() {
+        let mut n = 0;
+        let mut k = 0;
+        while k < rest.len() && n < 1 << 16 {
+            n += rest[k].3.len();
+            k += 1;
+        }
+        let (group, tail) = rest.split_at(k);
+        batches.push(samples_batch(
+            n,
+            group.iter().map(|(s, t, p, x)| (s, *t, p, &x[..])),
+        ));
+        rest = tail;
+    }
+    let data = BlockData {
+        tenant: "bench".into(),
+        source: "bench".into(),
+        level: 0,
+        compacted_from: Vec::new(),
+        series: series.into_values().collect(),
+        profiles: rows,
+        samples: Vec::new(),
+        symbols: std::sync::Arc::new(symbols),
+        rollup_widths_nanos: Vec::new(),
+    };
+    (data, batches, total)
+}
+
+/// Copies of the corpus in [`cut_block`]: about 2.5 million samples, a
+/// quarter of what a 512 MiB head holds.
+const CUT_COPIES: usize = 100;
+
+fn cut(c: &mut Criterion) {
+    let (data, batches, samples) = cut_block();
+    let (meta, _) = encode_sorted_block(&data, batches.iter().cloned()).expect("encode");
+    println!(
+        "info: cut block: {samples} samples, {} profiles, {} stacks; {:.2} bytes a sample in all ({} bytes), {:.2} in samples.parquet",
+        data.profiles.len(),
+        data.symbols.stacks.len(),
+        meta.stats.bytes as f64 / samples as f64,
+        meta.stats.bytes,
+        meta.stats.sample_bytes as f64 / samples as f64,
+    );
+    let mut g = c.benchmark_group("block");
+    g.throughput(Throughput::Elements(samples as u64));
+    g.sample_size(10);
+    g.bench_function("encode_cut", |b| {
+        b.iter(|| encode_sorted_block(&data, batches.iter().cloned()).map(|(m, _)| m.stats.bytes))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, cut);
 criterion_main!(benches);
