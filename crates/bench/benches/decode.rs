@@ -96,7 +96,7 @@ fn cut_block() -> (BlockData, Vec<RecordBatch>, usize) {
             runs.push((sid, time, id, samples));
         }
     }
-    runs.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    runs.sort_unstable_by_key(|a| (a.0, a.1, a.2));
     let total = runs.iter().map(|r| r.3.len()).sum();
     let mut batches = Vec::new();
     let mut rest = &runs[..];
