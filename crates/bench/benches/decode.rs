@@ -65,10 +65,10 @@ fn cut_block() -> (BlockData, Vec<RecordBatch>, usize) {
     let mut seen = std::collections::HashSet::new();
     let mut profiles = Vec::new();
     for (_, bytes) in pprof_files() {
-        let Ok(out) = decode(&uncompressed(&bytes), &Limits::default())
-            .map_err(|e| e.to_string())
-            .and_then(|p| normalize(&p, &opts).map_err(|e| e.to_string()))
-        else {
+        let Ok(pprof) = decode(&uncompressed(&bytes), &Limits::default()) else {
+            continue;
+        };
+        let Ok(out) = normalize(&pprof, &opts) else {
             continue;
         };
         symbols.merge_owned(out.symbols);
