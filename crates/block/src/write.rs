@@ -2,9 +2,9 @@ use std::sync::Arc;
 
 use arrow::array::{
     ArrayBuilder, ArrayRef, AsArray, FixedSizeBinaryArray, FixedSizeBinaryBuilder, Int64Array,
-    Int64Builder, ListBuilder, RecordBatch, StringArray, UInt64Array,
+    Int64Builder, ListArray, ListBuilder, RecordBatch, StringArray, UInt64Array,
 };
-use arrow::buffer::Buffer;
+use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
 use fathom_model::{Id, Profile, SERVICE_NAME, Sample, Symbols};
@@ -197,24 +197,44 @@ fn to_parquet(schema: SchemaRef, batches: &[RecordBatch], rows: Rows) -> Result<
     Ok(Bytes::from(buf))
 }
 
+/// A column of ids, written into one buffer: an array builder's checks
+/// and null bookkeeping for each id cost a cut's encoding several percent
+/// (docs/benchmarks.md, "Issue 13, thirty-first session").
 fn ids<'a>(it: impl Iterator<Item = &'a Id>) -> ArrayRef {
-    let mut b = FixedSizeBinaryBuilder::new(16);
+    let mut v = Vec::with_capacity(it.size_hint().0 * 16);
     for id in it {
-        let _ = b.append_value(id.0);
+        v.extend_from_slice(&id.0);
     }
-    Arc::new(b.finish())
+    Arc::new(FixedSizeBinaryArray::new(16, Buffer::from_vec(v), None))
 }
 
-fn id_lists<'a>(it: impl Iterator<Item = Vec<&'a Id>>) -> ArrayRef {
-    let mut b = ListBuilder::new(FixedSizeBinaryBuilder::new(16))
-        .with_field(Arc::new(arrow::datatypes::Field::new("item", ID, false)));
+/// A column of lists of ids (a stack's locations, a location's
+/// functions), its values and offsets written into one buffer each.
+fn id_lists<'a, L: IntoIterator<Item = &'a Id>>(it: impl Iterator<Item = L>) -> Result<ArrayRef> {
+    let mut offsets = Vec::with_capacity(it.size_hint().0 + 1);
+    offsets.push(0i32);
+    let mut values = Vec::new();
     for list in it {
         for id in list {
-            let _ = b.values().append_value(id.0);
+            values.extend_from_slice(&id.0);
         }
-        b.append(true);
+        let end = i32::try_from(values.len() / 16).map_err(|_| {
+            arrow::error::ArrowError::InvalidArgumentError(
+                "more than 2^31 ids in one list column".into(),
+            )
+        })?;
+        offsets.push(end);
     }
-    Arc::new(b.finish())
+    let item = Arc::new(arrow::datatypes::Field::new("item", ID, false));
+    let values = FixedSizeBinaryArray::new(16, Buffer::from_vec(values), None);
+    // Offsets start at 0 and never decrease: `new` cannot fail on them.
+    let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
+    Ok(Arc::new(ListArray::try_new(
+        item,
+        offsets,
+        Arc::new(values),
+        None,
+    )?))
 }
 
 fn strings<'a>(it: impl Iterator<Item = &'a str>) -> ArrayRef {
@@ -430,23 +450,20 @@ fn encode_rows(
     )?;
 
     let sym = &data.symbols;
-    let mut stack_ids: Vec<&Id> = sym.stacks.keys().collect();
-    stack_ids.sort();
+    // Entries sorted with their ids: no lookup of each id in the table.
+    let mut stacks: Vec<_> = sym.stacks.iter().collect();
+    stacks.sort_unstable_by_key(|(id, _)| **id);
     let stacks_batch = RecordBatch::try_new(
         stacks_schema(),
         vec![
-            ids(stack_ids.iter().copied()),
-            id_lists(
-                stack_ids
-                    .iter()
-                    .map(|id| sym.stacks[*id].locations.iter().collect()),
-            ),
+            ids(stacks.iter().map(|(id, _)| *id)),
+            id_lists(stacks.iter().map(|(_, s)| &s.locations))?,
         ],
     )?;
 
-    let mut loc_ids: Vec<&Id> = sym.locations.keys().collect();
-    loc_ids.sort();
-    let locs: Vec<_> = loc_ids.iter().map(|id| &sym.locations[*id]).collect();
+    let mut locations: Vec<_> = sym.locations.iter().collect();
+    locations.sort_unstable_by_key(|(id, _)| **id);
+    let (loc_ids, locs): (Vec<&Id>, Vec<_>) = locations.into_iter().unzip();
     let mut line_numbers = ListBuilder::new(Int64Builder::new()).with_field(Arc::new(
         arrow::datatypes::Field::new("item", arrow::datatypes::DataType::Int64, false),
     ));
@@ -464,17 +481,14 @@ fn encode_rows(
             Arc::new(UInt64Array::from_iter_values(
                 locs.iter().map(|l| l.address),
             )),
-            id_lists(
-                locs.iter()
-                    .map(|l| l.lines.iter().map(|x| &x.function).collect()),
-            ),
+            id_lists(locs.iter().map(|l| l.lines.iter().map(|x| &x.function)))?,
             Arc::new(line_numbers.finish()),
         ],
     )?;
 
-    let mut fn_ids: Vec<&Id> = sym.functions.keys().collect();
-    fn_ids.sort();
-    let fns: Vec<_> = fn_ids.iter().map(|id| &sym.functions[*id]).collect();
+    let mut functions: Vec<_> = sym.functions.iter().collect();
+    functions.sort_unstable_by_key(|(id, _)| **id);
+    let (fn_ids, fns): (Vec<&Id>, Vec<_>) = functions.into_iter().unzip();
     let functions_batch = RecordBatch::try_new(
         functions_schema(),
         vec![
@@ -488,9 +502,9 @@ fn encode_rows(
         ],
     )?;
 
-    let mut m_ids: Vec<&Id> = sym.mappings.keys().collect();
-    m_ids.sort();
-    let ms: Vec<_> = m_ids.iter().map(|id| &sym.mappings[*id]).collect();
+    let mut mappings: Vec<_> = sym.mappings.iter().collect();
+    mappings.sort_unstable_by_key(|(id, _)| **id);
+    let (m_ids, ms): (Vec<&Id>, Vec<_>) = mappings.into_iter().unzip();
     let mappings_batch = RecordBatch::try_new(
         mappings_schema(),
         vec![
