@@ -111,9 +111,7 @@ pub fn samples_batch<'a>(
         }
         time.resize(time.len() + samples.len(), t);
     }
-    let ids = |v: Vec<u8>| -> ArrayRef {
-        Arc::new(FixedSizeBinaryArray::new(16, Buffer::from_vec(v), None))
-    };
+    let ids = |v: Vec<u8>| -> ArrayRef { Arc::new(id_array(v)) };
     let cols: Vec<ArrayRef> = vec![
         ids(series),
         Arc::new(Int64Array::from(time)),
@@ -197,6 +195,11 @@ fn to_parquet(schema: SchemaRef, batches: &[RecordBatch], rows: Rows) -> Result<
     Ok(Bytes::from(buf))
 }
 
+/// 16-byte ids laid end to end in `bytes`, as an array (no nulls).
+fn id_array(bytes: Vec<u8>) -> FixedSizeBinaryArray {
+    FixedSizeBinaryArray::new(16, Buffer::from_vec(bytes), None)
+}
+
 /// A column of ids, written into one buffer: an array builder's checks
 /// and null bookkeeping for each id cost a cut's encoding several percent
 /// (docs/benchmarks.md, "Issue 13, thirty-first session").
@@ -205,7 +208,7 @@ fn ids<'a>(it: impl Iterator<Item = &'a Id>) -> ArrayRef {
     for id in it {
         v.extend_from_slice(&id.0);
     }
-    Arc::new(FixedSizeBinaryArray::new(16, Buffer::from_vec(v), None))
+    Arc::new(id_array(v))
 }
 
 /// A column of lists of ids (a stack's locations, a location's
@@ -226,13 +229,13 @@ fn id_lists<'a, L: IntoIterator<Item = &'a Id>>(it: impl Iterator<Item = L>) -> 
         offsets.push(end);
     }
     let item = Arc::new(arrow::datatypes::Field::new("item", ID, false));
-    let values = FixedSizeBinaryArray::new(16, Buffer::from_vec(values), None);
-    // Offsets start at 0 and never decrease: `new` cannot fail on them.
+    // Offsets start at 0 and never decrease: `OffsetBuffer::new`, which
+    // panics on any that do, takes them.
     let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
     Ok(Arc::new(ListArray::try_new(
         item,
         offsets,
-        Arc::new(values),
+        Arc::new(id_array(values)),
         None,
     )?))
 }
