@@ -115,7 +115,10 @@ impl Prepared {
 
 /// The rows ([`fathom_block::samples_schema`]) of the profiles of
 /// `chunks` that `keep` selects, in batches of about [`BATCH_ROWS`].
-fn sample_batches(chunks: &[Chunk], keep: impl Fn(&HeadSamples) -> bool) -> Vec<RecordBatch> {
+fn sample_batches(
+    chunks: &[Chunk],
+    mut keep: impl FnMut(&HeadSamples) -> bool,
+) -> Vec<RecordBatch> {
     let batch = |group: &[&HeadSamples], rows| {
         samples_batch(
             rows,
@@ -346,13 +349,24 @@ pub struct HeadSnapshot {
 impl HeadSnapshot {
     /// Takes `h`'s series and profiles in `[start, end]`, and its sample
     /// chunks into `chunks` (shared, not copied): the part of a snapshot
-    /// done under the head's lock.
+    /// done under the head's lock. The heads of one snapshot are taken in
+    /// turn (the active head, then those being cut): a profile that an
+    /// earlier one gave (`taken`) is left out.
+    ///
+    /// A head skips a profile it holds, but not one that a head cut since
+    /// holds: a retry that comes after a cut (a client's, or a
+    /// distributor's resend of a write a replica refused) puts a second
+    /// copy in the active head while the first is still being stored. A
+    /// snapshot gives each profile once: a reader counts each profile id
+    /// once a source and leaves later copies out by id, which would leave
+    /// out every copy of the source.
     pub(crate) fn extend_from(
         &mut self,
         h: &TenantHead,
         start: i64,
         end: i64,
         chunks: &mut Vec<Chunk>,
+        taken: &mut IdSet,
     ) {
         self.series.extend(
             h.series
@@ -364,16 +378,20 @@ impl HeadSnapshot {
             h.profiles
                 .iter()
                 .filter(|p| p.time_nanos >= start && p.time_nanos <= end)
+                .filter(|p| taken.insert(p.profile_id))
                 .cloned(),
         );
         chunks.extend(h.chunks.iter().cloned());
     }
 
     /// Adds the rows of the profiles of `chunks` in `[start, end]`: the
-    /// part of a snapshot done after the lock is released.
+    /// part of a snapshot done after the lock is released. `chunks` in
+    /// the order [`HeadSnapshot::extend_from`] took them: the rows of a
+    /// profile are those of its first copy, the one whose row it kept.
     pub(crate) fn add_samples(&mut self, chunks: &[Chunk], start: i64, end: i64) {
+        let mut seen = IdSet::default();
         self.samples.extend(sample_batches(chunks, |p| {
-            p.time_nanos >= start && p.time_nanos <= end
+            p.time_nanos >= start && p.time_nanos <= end && seen.insert(p.profile_id)
         }));
     }
 }
@@ -538,7 +556,7 @@ mod tests {
         let (start, end) = (1_002, i64::MAX);
         let mut snap = HeadSnapshot::default();
         let mut chunks = Vec::new();
-        snap.extend_from(&h, start, end, &mut chunks);
+        snap.extend_from(&h, start, end, &mut chunks, &mut IdSet::default());
         snap.add_samples(&chunks, start, end);
         assert_eq!(snap.profiles.len(), 2, "profiles 2 and 3, at 1002 and 1003");
         let rows: Vec<(Id, i64, Id, i64)> = snap
@@ -571,5 +589,41 @@ mod tests {
         let sizes: Vec<usize> = all.iter().map(|b| b.num_rows()).collect();
         assert_eq!(sizes, [BATCH_ROWS + 5, 2]);
         assert_eq!(h.sample_rows, BATCH_ROWS + 7);
+    }
+
+    /// A profile that two heads of one snapshot hold (a retry applied to
+    /// the active head after a cut, its first copy still being stored)
+    /// is in the snapshot once: one row, and its samples once.
+    #[test]
+    fn a_snapshot_gives_a_profile_two_heads_hold_once() {
+        let mut active = TenantHead::default();
+        active.apply(batch(&[(2, 20), (3, 30)]));
+        let mut cut = TenantHead::default();
+        cut.apply(batch(&[(1, 10), (2, 20)]));
+        let (start, end) = (0, i64::MAX);
+        let mut snap = HeadSnapshot::default();
+        let mut chunks = Vec::new();
+        let mut taken = IdSet::default();
+        snap.extend_from(&active, start, end, &mut chunks, &mut taken);
+        snap.extend_from(&cut, start, end, &mut chunks, &mut taken);
+        snap.add_samples(&chunks, start, end);
+        let id = |seed: u64| batch(&[(seed, 0)]).profiles[0].id;
+        let mut ids: Vec<Id> = snap.profiles.iter().map(|p| p.profile_id).collect();
+        ids.sort();
+        let mut want: Vec<Id> = vec![id(1), id(2), id(3)];
+        want.sort();
+        assert_eq!(ids, want, "each profile once");
+        let mut rows: Vec<(Id, i64)> = Vec::new();
+        for b in &snap.samples {
+            let values = b.column(4).as_primitive::<Int64Type>();
+            let profiles = b.column(2).as_fixed_size_binary();
+            for i in 0..b.num_rows() {
+                rows.push((Id(profiles.value(i).try_into().unwrap()), values.value(i)));
+            }
+        }
+        rows.sort();
+        let mut want_rows = vec![(id(1), 10), (id(2), 20), (id(3), 30)];
+        want_rows.sort();
+        assert_eq!(rows, want_rows, "each profile's samples once");
     }
 }

@@ -690,14 +690,15 @@ impl Ingester {
     pub fn snapshot(&self, tenant: &TenantId, start: i64, end: i64) -> HeadSnapshot {
         let mut out = HeadSnapshot::default();
         let mut chunks = Vec::new();
+        let mut taken = IdSet::default();
         {
             let st = self.state.read();
             if let Some(h) = st.active.get(tenant.as_str()) {
-                out.extend_from(h, start, end, &mut chunks);
+                out.extend_from(h, start, end, &mut chunks, &mut taken);
             }
             for p in &st.pending {
                 if let Some(h) = p.heads.get(tenant.as_str()) {
-                    out.extend_from(h, start, end, &mut chunks);
+                    out.extend_from(h, start, end, &mut chunks, &mut taken);
                 }
             }
         }
@@ -1282,6 +1283,36 @@ mod tests {
             self.check()?;
             self.inner.copy_opts(f, t, o).await
         }
+    }
+
+    /// A retry that comes after a cut, its first copy in the head still
+    /// being stored, is held twice, but a snapshot gives it once: its
+    /// samples are counted once, not twice and not (left out by id as a
+    /// second copy) zero times.
+    #[tokio::test]
+    async fn a_retry_after_a_cut_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Outage::default());
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let ing = open_on(dir.path(), store.clone(), Arc::new(MemoryIndex::default()));
+        ing.write(batch("t1", 1, 7)).await.unwrap();
+        ing.write(batch("t1", 2, 5)).await.unwrap();
+        let err = ing
+            .flush(Some(Instant::now() + Duration::from_millis(300)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        // The retry goes to the active head: the cut one is still pending.
+        assert_eq!(ing.write(batch("t1", 1, 7)).await.unwrap(), 1);
+        let t = TenantId::new("t1").unwrap();
+        let snap = ing.snapshot(&t, 0, i64::MAX);
+        assert_eq!(snap.profiles.len(), 2, "{:?}", snap.profiles);
+        assert_eq!(total(&snap), 12);
+        // Once the cut head is stored, the retry's copy is what is left.
+        store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        ing.flush(None).await.unwrap();
+        let snap = ing.snapshot(&t, 0, i64::MAX);
+        assert_eq!(total(&snap), 0, "the flush cut the retry's head too");
     }
 
     /// While the object store is down, the heads fill up to the memory cap
