@@ -270,22 +270,71 @@ async fn push_for(urls: Vec<String>, secs: u64) -> (f64, u64, f64) {
     push_with(Protocol::Ingest, urls, bodies(Protocol::Ingest), secs).await
 }
 
+/// Seconds of load before each measured cluster-bench run
+/// (`FATHOM_BENCH_INGEST_WARMUP_SECS`, default 0: none): the processes
+/// then start the measured seconds with their heads cut at least once
+/// and their allocators holding the memory a head takes, as a server
+/// that has run for a while does, instead of touching every page of it
+/// for the first time.
+fn ingest_warmup_secs() -> u64 {
+    std::env::var("FATHOM_BENCH_INGEST_WARMUP_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The warm-up of [`ingest_warmup_secs`] against `urls`, its figures
+/// printed and left out of the measured run. Its profiles are other
+/// ones than the measured run's (their times start past any the
+/// measured run reaches), so that none of the measured writes is a
+/// retry of one already held.
+async fn warm_up(urls: &[String], what: &str) {
+    let secs = ingest_warmup_secs();
+    if secs == 0 {
+        return;
+    }
+    let (mbs, reqs, el) = push_clients(
+        Protocol::Ingest,
+        urls.to_vec(),
+        bodies(Protocol::Ingest),
+        secs,
+        ingest_clients(),
+        WARMUP_FIRST,
+    )
+    .await;
+    println!(
+        "info: warm-up of {what}: {mbs:.1} MB/s over {el:.1} s ({reqs} requests), not counted"
+    );
+}
+
+/// The request number a warm-up starts at ([`warm_up`]).
+const WARMUP_FIRST: usize = 20_000_000;
+
+/// The request number the saturated run of the single process starts
+/// at: it writes to the server the 4-client run has just filled, and
+/// requests numbered as that run's would send the profiles it holds
+/// (the same series, time and body), which the head takes as retries
+/// and skips.
+const SATURATED_FIRST: usize = 10_000_000;
+
 async fn push_with(
     protocol: Protocol,
     urls: Vec<String>,
     files: Vec<Body>,
     secs: u64,
 ) -> (f64, u64, f64) {
-    push_clients(protocol, urls, files, secs, ingest_clients()).await
+    push_clients(protocol, urls, files, secs, ingest_clients(), 0).await
 }
 
-/// [`push_with`] with `clients` concurrent clients.
+/// [`push_with`] with `clients` concurrent clients, numbering requests
+/// (each one's profile time) from `first`.
 async fn push_clients(
     protocol: Protocol,
     urls: Vec<String>,
     files: Vec<Body>,
     secs: u64,
     clients: usize,
+    first: usize,
 ) -> (f64, u64, f64) {
     let bytes = Arc::new(AtomicU64::new(0));
     let reqs = Arc::new(AtomicU64::new(0));
@@ -304,7 +353,7 @@ async fn push_clients(
         let url = urls[w % urls.len()].clone();
         tasks.push(tokio::spawn(async move {
             let http = reqwest::Client::new();
-            let mut i = w;
+            let mut i = first + w;
             while Instant::now() < deadline {
                 let body = files[i % files.len()].clone();
                 let r = request(&http, &url, protocol, &body.bytes, i)
@@ -485,6 +534,7 @@ async fn ingest_bench(dir: &Path) {
         bodies(Protocol::Ingest),
         ingest_secs(),
         sat_clients,
+        SATURATED_FIRST,
     )
     .await;
     let sbusy = (process_cpu_secs() - cpu_before) / sel;
@@ -1055,8 +1105,9 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     let d = tempfile::tempdir().unwrap();
     let mut single = Fathom::start(&d.path().join("all"), &[]).unwrap();
     let single_pid: Vec<u32> = single.pid().into_iter().collect();
-    let cpu0 = cpu_seconds(&single_pid);
     let single_urls = vec![single.url("")];
+    rt.block_on(warm_up(&single_urls, "the single process"));
+    let cpu0 = cpu_seconds(&single_pid);
     let cuts0 = rt.block_on(head_cuts(&single_urls));
     let (one, reqs1, el1) = rt.block_on(push_for(single_urls.clone(), secs));
     let one_cpu = cpu_seconds(&single_pid) - cpu0;
@@ -1081,6 +1132,7 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
         .chain([&c.querier, &c.compactor])
         .filter_map(|p| p.pid())
         .collect();
+    rt.block_on(warm_up(&urls, "the cluster"));
     let cpu0 = cpu_seconds(&pids);
     let ingester_urls: Vec<String> = c.ingesters.iter().map(|p| p.url("")).collect();
     let cuts0 = rt.block_on(head_cuts(&ingester_urls));
@@ -1107,7 +1159,8 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     // filled it: a run that cuts where the other does not is not like
     // for like (docs/benchmarks.md, twenty-ninth session).
     println!(
-        "info: head cuts during the runs: the single process {one_cuts}; the cluster's three ingesters {rf3_cuts} (each replica cuts its own copy); FATHOM_BENCH_INGEST_SECS={secs}"
+        "info: head cuts during the runs: the single process {one_cuts}; the cluster's three ingesters {rf3_cuts} (each replica cuts its own copy); FATHOM_BENCH_INGEST_SECS={secs}, FATHOM_BENCH_INGEST_WARMUP_SECS={}",
+        ingest_warmup_secs()
     );
     print_prost_ratio(
         "ingest_single_process_as_process",
