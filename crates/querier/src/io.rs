@@ -66,6 +66,31 @@ impl std::fmt::Display for IoStore {
     }
 }
 
+/// A block file that is not there, as an error of its own rather than
+/// `NotFound`: a block the index lists must be read whole. DataFusion
+/// takes a file path that is not found for a directory and lists it,
+/// which reads nothing and is no error, so a samples file deleted by a
+/// compaction while the query ran, or lost, would silently leave the
+/// block's samples out of the answer. Other objects (`meta.json`, which
+/// readers ask for to learn whether a block exists) keep `NotFound`.
+fn missing_block_file(location: &Path, e: object_store::Error) -> object_store::Error {
+    match e {
+        object_store::Error::NotFound { path, source }
+            if location.as_ref().ends_with(".parquet") =>
+        {
+            object_store::Error::Generic {
+                store: "block files",
+                source: format!(
+                    "block file {path} is missing ({source}): its block was deleted after the \
+                     query listed it (compacted away; retry the query) or is lost"
+                )
+                .into(),
+            }
+        }
+        e => e,
+    }
+}
+
 #[async_trait]
 impl ObjectStore for IoStore {
     async fn put_opts(
@@ -91,7 +116,10 @@ impl ObjectStore for IoStore {
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         let (s, l) = (self.inner.clone(), location.clone());
         let (meta, range, attributes, body) = on_io(&self.io, async move {
-            let r = s.get_opts(&l, options).await?;
+            let r = s
+                .get_opts(&l, options)
+                .await
+                .map_err(|e| missing_block_file(&l, e))?;
             let (meta, range, attributes) = (r.meta.clone(), r.range.clone(), r.attributes.clone());
             let body = r.bytes().await?;
             Ok::<_, object_store::Error>((meta, range, attributes, body))
@@ -110,9 +138,13 @@ impl ObjectStore for IoStore {
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         let (s, l, r) = (self.inner.clone(), location.clone(), ranges.to_vec());
-        on_io(&self.io, async move { s.get_ranges(&l, &r).await })
-            .await
-            .map_err(join_error)?
+        on_io(&self.io, async move {
+            s.get_ranges(&l, &r)
+                .await
+                .map_err(|e| missing_block_file(&l, e))
+        })
+        .await
+        .map_err(join_error)?
     }
 
     fn delete_stream(
@@ -311,6 +343,43 @@ mod tests {
         assert!(
             seen.iter().all(|n| !n.starts_with("fathom-query")),
             "object reads ran on the query runtime: {seen:?}"
+        );
+    }
+
+    /// A block the index lists whose samples file is gone (deleted by a
+    /// compaction while the query ran, or lost) fails the merge, naming
+    /// the file: never an answer without that block's samples.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listed_block_without_its_samples_file_fails_the_query() {
+        use object_store::ObjectStoreExt;
+        let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let (metas, all) = history(mem.as_ref()).await;
+        assert!(metas.len() > 1, "a history of several blocks");
+        let q = test_querier_on(
+            Config {
+                use_rollups: false,
+                ..Config::default()
+            },
+            Arc::new(MemoryIndex::new(metas.clone())),
+            mem.clone(),
+        );
+        let tenant = TenantId::new("t").unwrap();
+        let pt = all[0].profile_type.to_string();
+        let sel = Selector::parse(&format!("{pt}{{service_name=\"svc\"}}")).unwrap();
+        let whole = q.merge(&tenant, &sel, 0, i64::MAX - 1).await.unwrap();
+        assert!(whole.total() != 0);
+        let m = &metas[0];
+        let gone = fathom_block::block_file(&m.tenant, &m.id, fathom_block::files::SAMPLES);
+        mem.delete(&gone).await.unwrap();
+        let err = q
+            .merge(&tenant, &sel, 0, i64::MAX - 1)
+            .await
+            .map(|m| m.total())
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(gone.as_ref()) && msg.contains("missing"),
+            "{msg}"
         );
     }
 }
