@@ -277,10 +277,14 @@ impl Cluster {
         }
         let querier = role("querier", "querier", &[])?;
         let interval = format!("{}ms", opts.compaction_interval.as_millis());
+        // Replaced blocks' files outlive their replacement by a few
+        // seconds (15 minutes by default): a query that listed them just
+        // before a compaction still reads them, as it would in production.
+        // With no delay it would fail, naming the file.
         let compactor = role(
             "compactor",
             "compactor",
-            &["--compaction-interval", &interval, "--delete-delay", "0s"],
+            &["--compaction-interval", &interval, "--delete-delay", "5s"],
         )?;
         let mut c = Cluster {
             dir,
