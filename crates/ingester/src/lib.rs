@@ -948,6 +948,16 @@ mod tests {
         .unwrap()
     }
 
+    /// A cut whose upload cannot finish in time: the heads stay pending
+    /// (in memory, queryable, in the WAL).
+    async fn cut_unstored(ing: &Ingester) {
+        let err = ing
+            .flush(Some(Instant::now() + Duration::from_millis(300)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::FlushDeadline), "{err}");
+    }
+
     fn total(s: &HeadSnapshot) -> i64 {
         use arrow::array::AsArray;
         s.samples
@@ -1013,11 +1023,7 @@ mod tests {
         let t = TenantId::new("t1").unwrap();
         let ing = open_on(dir.path(), Arc::new(ReadOnly(store.clone())), index.clone());
         ing.write(batch("t1", 1, 5)).await.unwrap();
-        let err = ing
-            .flush(Some(Instant::now() + Duration::from_millis(300)))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        cut_unstored(&ing).await;
         // Still queryable from the frozen head, nothing registered.
         assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
         assert!(index.blocks("t1", 0, i64::MAX).await.unwrap().is_empty());
@@ -1111,11 +1117,7 @@ mod tests {
         assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 101);
         let held = ing.held_stacks(&t).unwrap();
         let pending = built_against(&*held, 1, 3, 1000);
-        let err = ing
-            .flush(Some(Instant::now() + Duration::from_millis(300)))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        cut_unstored(&ing).await;
         assert_eq!(ing.write(pending).await.unwrap(), 1);
         drop(ing);
         let ing = open(dir.path(), store, index);
@@ -1181,11 +1183,7 @@ mod tests {
         };
         let ing = open_flaky(index.clone());
         ing.write(batch("t1", 1, 5)).await.unwrap();
-        let err = ing
-            .flush(Some(Instant::now() + Duration::from_millis(300)))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        cut_unstored(&ing).await;
         // Uploaded but not indexed: still served from the frozen head.
         assert_eq!(total(&ing.snapshot(&t, 0, i64::MAX)), 5);
         assert!(index.inner.all().await.unwrap().is_empty());
@@ -1297,11 +1295,7 @@ mod tests {
         let ing = open_on(dir.path(), store.clone(), Arc::new(MemoryIndex::default()));
         ing.write(batch("t1", 1, 7)).await.unwrap();
         ing.write(batch("t1", 2, 5)).await.unwrap();
-        let err = ing
-            .flush(Some(Instant::now() + Duration::from_millis(300)))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        cut_unstored(&ing).await;
         // The retry goes to the active head: the cut one is still pending.
         assert_eq!(ing.write(batch("t1", 1, 7)).await.unwrap(), 1);
         let t = TenantId::new("t1").unwrap();
@@ -1361,11 +1355,7 @@ mod tests {
         let wal = ing.wal_disk_bytes();
         // A cut with the store down moves the heads to pending: they still
         // count, so writes are still refused, and the WAL did not grow.
-        let err = ing
-            .flush(Some(Instant::now() + Duration::from_millis(300)))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::FlushDeadline), "{err}");
+        cut_unstored(&ing).await;
         assert!(matches!(
             ing.write(batch("t1", 5000, 1)).await,
             Err(Error::HeadFull { .. })
