@@ -357,9 +357,9 @@ impl HeadSnapshot {
     /// holds: a retry that comes after a cut (a client's, or a
     /// distributor's resend of a write a replica refused) puts a second
     /// copy in the active head while the first is still being stored. A
-    /// snapshot gives each profile once: a reader counts each profile id
-    /// once a source and leaves later copies out by id, which would leave
-    /// out every copy of the source.
+    /// snapshot gives each profile once: the querier counts a profile id
+    /// once a query and leaves its other copies out by id, which for a
+    /// second copy in the same source would leave out both.
     pub(crate) fn extend_from(
         &mut self,
         h: &TenantHead,
