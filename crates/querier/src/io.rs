@@ -47,7 +47,9 @@ where
     io.spawn(f.in_current_span()).await
 }
 
-/// An [`ObjectStore`] whose calls run on the I/O runtime.
+/// An [`ObjectStore`] whose calls run on the I/O runtime: every object
+/// read of the querier goes through it, and a missing block file comes
+/// out of it as an error of its own ([`missing_block_file`]).
 #[derive(Debug)]
 pub(crate) struct IoStore {
     inner: Arc<dyn ObjectStore>,
