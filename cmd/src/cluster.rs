@@ -203,7 +203,25 @@ impl NodeArgs {
         )
         .await;
         hb.abort();
-        r.with_context(|| format!("serving the {}", role.as_str()))
+        // An ingester whose heads are all in blocks leaves the ring at
+        // once: the distributors stop writing to it, and the queriers do
+        // not count it as down (a killed one's heads may hold writes no
+        // other ingester has, so reads count it as a missed replica).
+        if role == Role::Ingester && matches!(r, Ok(fathom_server::Stopped::Flushed)) {
+            let id = self.name(role);
+            match tokio::time::timeout(Duration::from_secs(5), client.leave(&id)).await {
+                Ok(Ok(())) => tracing::info!(member = %id, "left the ring: heads flushed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(member = %id, error = %e, "leaving the ring failed: queriers count this ingester as down until it is back")
+                }
+                Err(_) => tracing::warn!(
+                    member = %id,
+                    "leaving the ring took over 5 s: queriers count this ingester as down until it is back"
+                ),
+            }
+        }
+        r.map(|_| ())
+            .with_context(|| format!("serving the {}", role.as_str()))
     }
 
     /// The live ingesters, listed in the background about once a second.

@@ -49,6 +49,15 @@ pub enum ChannelError {
 pub trait Ingesters: Send + Sync + 'static {
     /// Every live ingester; an error when membership cannot be read.
     async fn ingesters(&self) -> Result<Vec<IngesterAddr>, MembershipError>;
+
+    /// The ids of the ingesters that are down: registered, neither live
+    /// nor gone on purpose (an ingester leaves the cluster only after
+    /// flushing its heads), so killed, crashed or cut off. Their heads may
+    /// hold acknowledged writes: a head read counts each as a replica it
+    /// could not read. None by default (a fixed set has no such state).
+    async fn down(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A fixed set of ingesters.

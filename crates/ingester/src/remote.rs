@@ -9,7 +9,10 @@
 //! acknowledged write on a quorum of them, so a read that misses at most
 //! `replication_factor - quorum` ingesters still sees every acknowledged
 //! profile (the querier counts each profile id once); missing more is an
-//! error ([`ReadError::Quorum`]), never a silently partial answer.
+//! error ([`ReadError::Quorum`]), never a silently partial answer. An
+//! ingester that is down ([`Ingesters::down`]: killed or cut off, its
+//! heads not flushed) is missed as surely as one whose read fails, so it
+//! counts against the same allowance.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,14 +84,17 @@ pub enum ReadError {
         #[source]
         source: fathom_proto::ConvertError,
     },
-    /// More ingesters failed than replication tolerates.
+    /// More ingesters failed or are down than replication tolerates.
     #[error(
-        "{failed} of {live} ingesters could not be read (at most {tolerated} may be): {}",
+        "{failed} of {live} live ingesters could not be read{} (at most {tolerated} may be missed): {}",
+        if down.is_empty() { String::new() } else { format!(" and {} {} down with heads not flushed ({})", down.len(), if down.len() == 1 { "is" } else { "are" }, down.join(", ")) },
         errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
     Quorum {
         failed: usize,
         live: usize,
+        /// Registered ingesters neither live nor left after a flush.
+        down: Vec<String>,
         tolerated: usize,
         errors: Vec<ReadError>,
     },
@@ -237,14 +243,15 @@ impl FlightHeads {
         Ok((meta, batches))
     }
 
-    /// Sends `ticket` to every live ingester; tolerates as many failures as
-    /// replication allows.
+    /// Sends `ticket` to every live ingester; tolerates as many missed
+    /// replicas (failed reads and ingesters down) as replication allows.
     async fn all(
         &self,
         tenant: &TenantId,
         ticket: &HeadTicket,
     ) -> Result<Vec<(IngesterAddr, Bytes, Vec<RecordBatch>)>, ReadError> {
         let live = self.ingesters.ingesters().await?;
+        let down = self.ingesters.down().await;
         let results =
             futures::future::join_all(live.iter().map(|m| self.fetch(m, tenant, ticket))).await;
         let mut ok = Vec::new();
@@ -256,10 +263,11 @@ impl FlightHeads {
             }
         }
         let tolerated = self.replication_factor - quorum(self.replication_factor);
-        if errors.len() > tolerated {
+        if errors.len() + down.len() > tolerated {
             return Err(ReadError::Quorum {
                 failed: errors.len(),
                 live: live.len(),
+                down,
                 tolerated,
                 errors,
             });

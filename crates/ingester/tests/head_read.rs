@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fathom_api::cluster::{IngesterAddr, StaticIngesters};
+use fathom_api::cluster::{IngesterAddr, Ingesters, MembershipError, StaticIngesters};
 use fathom_api::secret::ClusterSecret;
 use fathom_block::MemoryIndex;
 use fathom_ingester::{Config, FlightHeads, Ingester, ReadError, flight_service};
@@ -151,15 +151,80 @@ async fn a_head_read_returns_the_ingesters_own_snapshot_and_symbols() {
         ReadError::Quorum {
             failed: 1,
             live: 2,
+            down,
             tolerated: 0,
             errors,
-        } => assert!(e.to_string().contains("i9") && errors.len() == 1, "{e}"),
+        } if down.is_empty() => assert!(e.to_string().contains("i9") && errors.len() == 1, "{e}"),
         other => panic!("expected a quorum error, got {other}"),
     }
     let api = fathom_api::ApiError::from(e);
     assert_eq!(api.grpc_code(), tonic::Code::Unavailable);
 
+    // An ingester down (killed: neither live nor left after a flush) is a
+    // replica missed too. RF=3 with one down reads every live one, and a
+    // failed read then is one miss too many: the writes the two acknowledged
+    // may be on no ingester that answered.
+    let one_down = |live: Vec<IngesterAddr>| {
+        FlightHeads::new(
+            Arc::new(WithDown(live, vec!["i7".into()])),
+            3,
+            Duration::from_secs(10),
+            ClusterSecret::random(),
+        )
+    };
+    let read = one_down(vec![up.clone()])
+        .snapshot(&tenant, i64::MIN, i64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 1, "one down, every live one read: tolerated");
+    let e = one_down(both_again(&up))
+        .snapshot(&tenant, i64::MIN, i64::MAX)
+        .await
+        .unwrap_err();
+    match &e {
+        ReadError::Quorum {
+            failed: 1,
+            live: 2,
+            down,
+            tolerated: 1,
+            ..
+        } if *down == ["i7"] => {}
+        other => panic!("expected a quorum error with i7 down, got {other}"),
+    }
+    let m = e.to_string();
+    assert!(
+        m.contains(
+            "1 of 2 live ingesters could not be read and 1 is down with heads not flushed (i7)"
+        ) && m.contains("i9"),
+        "{m}"
+    );
+
     server.abort();
+}
+
+/// A fixed set of live ingesters and some that are down.
+struct WithDown(Vec<IngesterAddr>, Vec<String>);
+
+#[async_trait::async_trait]
+impl Ingesters for WithDown {
+    async fn ingesters(&self) -> Result<Vec<IngesterAddr>, MembershipError> {
+        Ok(self.0.clone())
+    }
+
+    async fn down(&self) -> Vec<String> {
+        self.1.clone()
+    }
+}
+
+/// `up` and an address no ingester listens on (`i9`).
+fn both_again(up: &IngesterAddr) -> Vec<IngesterAddr> {
+    vec![
+        up.clone(),
+        IngesterAddr {
+            id: "i9".into(),
+            addr: "127.0.0.1:1".into(),
+        },
+    ]
 }
 
 /// The accepted connections of `listener`, for tonic.

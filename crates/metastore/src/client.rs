@@ -263,6 +263,18 @@ impl MetastoreClient {
         Ok(())
     }
 
+    /// Marks member `id` as gone on purpose: it is no longer listed as
+    /// live, and [`Member::left`] says so until it registers again. Fails
+    /// with [`MetastoreError::NotFound`] when it is not registered.
+    pub async fn leave(&self, id: &str) -> Result<(), MetastoreError> {
+        self.call(|mut c| {
+            let id = id.to_owned();
+            async move { c.leave(proto::LeaveRequest { id }).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn members_inner(
         &self,
         role: Option<Role>,
@@ -284,12 +296,13 @@ impl MetastoreClient {
             .map_err(MetastoreError::InvalidReply)
     }
 
-    /// Live members (of `role`, or of every role).
+    /// Live members (of `role`, or of every role): registered, heartbeating
+    /// and not left.
     pub async fn members(&self, role: Option<Role>) -> Result<Vec<Member>, MetastoreError> {
         self.members_inner(role, false).await
     }
 
-    /// Every registered member, live or not.
+    /// Every registered member, live, down or left.
     pub async fn all_members(&self, role: Option<Role>) -> Result<Vec<Member>, MetastoreError> {
         self.members_inner(role, true).await
     }

@@ -35,6 +35,7 @@ impl From<&Member> for proto::Member {
             role: proto::Role::from(m.role) as i32,
             addr: m.addr.clone(),
             registered_at_ms: m.registered_at_ms,
+            left: m.left,
         }
     }
 }
@@ -47,6 +48,7 @@ impl TryFrom<proto::Member> for Member {
             id: m.id,
             addr: m.addr,
             registered_at_ms: m.registered_at_ms,
+            left: m.left,
         })
     }
 }

@@ -55,7 +55,12 @@
 //! out one timeout later. The cost: after a leader change, a dead member
 //! can stay in the ring up to one extra timeout — the same bound as without
 //! a leader change. Registrations are replicated; members are never deleted,
-//! only not live (`members` returns live ones, `all_members` every one).
+//! only not live (`members` returns live ones, `all_members` every one). A
+//! member that stops on purpose calls `Leave` (replicated): it is no longer
+//! live, heartbeat or not, and [`Member::left`] says so until it registers
+//! again. An ingester leaves only once its heads are flushed, so one that
+//! is neither live nor left may hold acknowledged writes (the queriers
+//! count it as a missed replica).
 //!
 //! # Reads and writes
 //!

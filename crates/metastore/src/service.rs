@@ -127,6 +127,11 @@ impl MetastoreService {
         }
     }
 
+    /// Whether member `id` is registered (a linearizable read).
+    async fn is_registered(&self, id: &str) -> Result<bool, Status> {
+        self.read(|s| s.members.contains_key(id)).await
+    }
+
     /// A linearizable read of the state.
     async fn read<T>(&self, f: impl FnOnce(&State) -> T) -> Result<T, Status> {
         self.confirm_leader(true).await?;
@@ -163,6 +168,18 @@ impl Metastore for MetastoreService {
         Ok(Response::new(proto::Empty {}))
     }
 
+    async fn leave(&self, req: Request<proto::LeaveRequest>) -> Reply<proto::Empty> {
+        let id = req.into_inner().id;
+        check_name("member id", &id)?;
+        if !self.is_registered(&id).await? {
+            return Err(Status::not_found(format!(
+                "member {id:?} is not registered"
+            )));
+        }
+        self.write(Command::Leave { id }).await?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
     async fn members(&self, req: Request<proto::MembersRequest>) -> Reply<proto::MembersReply> {
         let req = req.into_inner();
         let want = req
@@ -180,7 +197,7 @@ impl Metastore for MetastoreService {
             .members
             .values()
             .filter(|m| want.is_none_or(|r| m.role == r))
-            .filter(|m| req.include_dead || live(&m.id))
+            .filter(|m| req.include_dead || (!m.left && live(&m.id)))
             .map(proto::Member::from)
             .collect();
         Ok(Response::new(proto::MembersReply { members }))

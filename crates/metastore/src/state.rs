@@ -38,9 +38,17 @@ impl State {
             Command::Register { member } => {
                 let mut m = member.clone();
                 m.registered_at_ms = now;
+                m.left = false;
                 self.members.insert(m.id.clone(), m);
                 Response::Done
             }
+            Command::Leave { id } => match self.members.get_mut(id) {
+                Some(m) => {
+                    m.left = true;
+                    Response::Done
+                }
+                None => Response::Rejected(format!("member {id:?} is not registered")),
+            },
             Command::AddBlock { block } => {
                 let removed = self
                     .pending
@@ -375,5 +383,28 @@ pub(crate) mod tests {
         s.apply(&req(42, Command::Register { member: m }));
         assert_eq!(s.members["i1"].registered_at_ms, 42);
         assert_eq!(s.members["i1"].role, Role::Ingester);
+    }
+
+    #[test]
+    fn leave_marks_a_member_and_registration_clears_it() {
+        let mut s = State::default();
+        let left = s.apply(&req(1, Command::Leave { id: "i1".into() }));
+        assert!(matches!(left, Response::Rejected(m) if m.contains("i1")));
+        let m = Member::new("i1", Role::Ingester, "h:1");
+        s.apply(&req(2, Command::Register { member: m.clone() }));
+        assert_eq!(
+            s.apply(&req(3, Command::Leave { id: "i1".into() })),
+            Response::Done
+        );
+        assert!(s.members["i1"].left);
+        s.apply(&req(4, Command::Register { member: m }));
+        assert!(!s.members["i1"].left);
+        // A snapshot written before members could leave reads as "not left".
+        let old: State = serde_json::from_str(
+            r#"{"members":{"i1":{"id":"i1","role":"Ingester","addr":"h:1","registered_at_ms":5}},"blocks":{},"pending":{},"leases":{}}"#,
+        )
+        .unwrap();
+        assert!(!old.members["i1"].left);
+        assert_eq!(old.members["i1"].registered_at_ms, 5);
     }
 }

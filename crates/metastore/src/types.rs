@@ -42,6 +42,11 @@ pub struct Member {
     /// Unix milliseconds of its latest registration, stamped by the leader
     /// (whatever the client sends is ignored).
     pub registered_at_ms: i64,
+    /// It left on purpose (`Leave`; an ingester does after flushing its
+    /// heads) and has not registered since. A member that is neither live
+    /// nor left is down: killed, crashed or cut off.
+    #[serde(default)]
+    pub left: bool,
 }
 
 impl Member {
@@ -52,6 +57,7 @@ impl Member {
             role,
             addr: addr.into(),
             registered_at_ms: 0,
+            left: false,
         }
     }
 }
@@ -76,6 +82,10 @@ pub(crate) struct Request {
 pub(crate) enum Command {
     Register {
         member: Member,
+    },
+    /// Marks a registered member as left.
+    Leave {
+        id: String,
     },
     AddBlock {
         block: BlockMeta,

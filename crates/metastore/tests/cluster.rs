@@ -612,6 +612,57 @@ async fn new_leader_gives_registered_members_one_timeout_of_grace() {
     assert_eq!(client.all_members(None).await.unwrap().len(), 1);
 }
 
+/// A member that leaves is no longer live at once, is listed as left,
+/// and a registration brings it back; leaving is refused for a member
+/// never registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_leaves_is_not_live_until_it_registers_again() {
+    let c = Cluster::start(3, Duration::from_secs(30)).await;
+    let client = c.client();
+    c.wait_leader(Duration::from_secs(10)).await;
+    for id in ["ing-1", "ing-2"] {
+        client
+            .register(Member::new(id, Role::Ingester, "h:1"))
+            .await
+            .unwrap();
+    }
+    client.leave("ing-2").await.unwrap();
+    let live: Vec<String> = client
+        .members(Some(Role::Ingester))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(
+        live,
+        ["ing-1"],
+        "a member that left is not live, heartbeat or not"
+    );
+    let all = client.all_members(Some(Role::Ingester)).await.unwrap();
+    let left: Vec<(String, bool)> = all.into_iter().map(|m| (m.id, m.left)).collect();
+    assert_eq!(
+        left,
+        [("ing-1".to_owned(), false), ("ing-2".to_owned(), true)]
+    );
+    client
+        .register(Member::new("ing-2", Role::Ingester, "h:1"))
+        .await
+        .unwrap();
+    assert_eq!(client.members(Some(Role::Ingester)).await.unwrap().len(), 2);
+    assert!(
+        client
+            .all_members(None)
+            .await
+            .unwrap()
+            .iter()
+            .all(|m| !m.left),
+        "registering again clears left"
+    );
+    let err = client.leave("nobody").await.unwrap_err();
+    assert!(matches!(err, MetastoreError::NotFound(_)), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_mount_on_a_shared_grpc_server() {
     init_tracing();

@@ -501,6 +501,7 @@ mod index_tests {
         let read = fathom_ingester::ReadError::Quorum {
             failed: 2,
             live: 3,
+            down: Vec::new(),
             tolerated: 1,
             errors: vec![
                 fathom_ingester::ReadError::NoSchema {
@@ -515,7 +516,10 @@ mod index_tests {
         assert_eq!(api.status().as_u16(), 503);
         assert_eq!(api.grpc_code(), Code::Unavailable);
         let m = api.to_string();
-        assert!(m.contains("2 of 3 ingesters could not be read"), "{m}");
+        assert!(
+            m.contains("2 of 3 live ingesters could not be read (at most 1 may be missed)"),
+            "{m}"
+        );
         assert!(m.contains("i1") && m.contains("no leader"), "{m}");
     }
 

@@ -29,6 +29,9 @@ pub struct RingView {
 #[derive(Clone, Debug, Default)]
 struct View {
     members: Arc<Vec<IngesterAddr>>,
+    /// Registered ingesters neither in `members` nor left on purpose
+    /// ([`Ingesters::down`]), as of the last listing of every member.
+    down: Arc<Vec<String>>,
     /// Whether a listing ever succeeded; if not, why (for the error).
     listed: bool,
     error: Option<Arc<dyn std::error::Error + Send + Sync>>,
@@ -42,6 +45,8 @@ impl RingView {
             loop {
                 let listed = client.members(Some(Role::Ingester)).await;
                 tx.send_modify(|v| apply(v, listed));
+                let all = client.all_members(Some(Role::Ingester)).await;
+                tx.send_modify(|v| apply_down(v, all));
                 tokio::time::sleep(refresh).await;
             }
         });
@@ -90,6 +95,30 @@ fn apply(
     }
 }
 
+/// Takes a listing of every member into the view's `down` (a failed one
+/// keeps the last).
+fn apply_down(
+    v: &mut View,
+    all: Result<Vec<fathom_metastore::Member>, fathom_metastore::MetastoreError>,
+) {
+    let Ok(all) = all else { return };
+    let mut down: Vec<String> = all
+        .into_iter()
+        .filter(|m| !m.left && !v.members.iter().any(|l| l.id == m.id))
+        .map(|m| m.id)
+        .collect();
+    down.sort();
+    if *v.down != down {
+        if !down.is_empty() {
+            tracing::warn!(
+                ?down,
+                "ingesters are down (registered, not live, not left after a flush): head reads count them as missed replicas"
+            );
+        }
+        v.down = Arc::new(down);
+    }
+}
+
 impl Drop for RingView {
     fn drop(&mut self) {
         self.task.abort();
@@ -104,6 +133,10 @@ impl Ingesters for RingView {
             (Some(e), false) => Err(MembershipError::NotListed { source: e.clone() }),
             _ => Ok(v.members.as_ref().clone()),
         }
+    }
+
+    async fn down(&self) -> Vec<String> {
+        self.view.borrow().down.as_ref().clone()
     }
 }
 
@@ -225,6 +258,29 @@ mod tests {
             task: tokio::spawn(async {}),
         };
         assert_eq!(ring.ingesters().await.unwrap().len(), 2);
+    }
+
+    /// Down: registered, not live, not left; a failed listing of every
+    /// member keeps the last answer.
+    #[tokio::test]
+    async fn an_ingester_neither_live_nor_left_is_down() {
+        let mut v = View::default();
+        apply(&mut v, listing(&["a", "c"]));
+        let mut all = listing(&["a", "b", "c", "d"]).unwrap();
+        all[3].left = true;
+        apply_down(&mut v, Ok(all));
+        assert_eq!(*v.down, ["b"], "d left after a flush; b is down");
+        apply_down(&mut v, down());
+        assert_eq!(*v.down, ["b"], "a failed listing replaced the down set");
+        let (_tx, rx) = tokio::sync::watch::channel(v.clone());
+        let ring = RingView {
+            view: rx,
+            task: tokio::spawn(async {}),
+        };
+        assert_eq!(ring.down().await, ["b"]);
+        apply(&mut v, listing(&["a", "b", "c"]));
+        apply_down(&mut v, listing(&["a", "b", "c"]));
+        assert!(v.down.is_empty(), "b is live again");
     }
 
     #[tokio::test]

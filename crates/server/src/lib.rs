@@ -361,7 +361,7 @@ pub async fn run_all(
     let _ = stop_compactor.send(true);
     let _ = compacting.await;
     meta.shutdown().await;
-    served
+    served.map(|_| ())
 }
 
 /// The URL a person on this machine opens for `local`: `localhost` for a
@@ -409,6 +409,17 @@ pub struct ReadyGate {
     pub until: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 }
 
+/// How a process stopped serving.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// Nothing of it is only in its WAL: it has no ingester, or its
+    /// ingester's heads were flushed to blocks.
+    Flushed,
+    /// Its ingester's flush at shutdown failed or ran out of time: the
+    /// WAL keeps what the blocks do not, for its next start.
+    WalKept,
+}
+
 /// One process's port: the roles' routes plus `/ready`, `/health`,
 /// `/metrics`; ready once bound (and, with an ingester, its WAL replayed)
 /// and `ready_when` has completed; on shutdown, drains requests and
@@ -423,7 +434,7 @@ pub async fn serve(
     ready_when: Option<ReadyGate>,
     about: &str,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), Error> {
+) -> Result<Stopped, Error> {
     let shared = Arc::new(Shared {
         ready: AtomicBool::new(false),
         registry,
@@ -491,18 +502,20 @@ pub async fn serve(
     if let Some(f) = flusher {
         let _ = f.await;
     }
+    let mut stopped = Stopped::Flushed;
     if let Some((ingester, shutdown_flush_timeout)) = ingester {
         tracing::info!("flushing heads before exit");
         let deadline = std::time::Instant::now() + shutdown_flush_timeout;
         match ingester.flush(Some(deadline)).await {
             Ok(blocks) => tracing::info!(blocks = blocks.len(), "flushed heads; bye"),
             Err(e) => {
+                stopped = Stopped::WalKept;
                 tracing::error!(error = %e, "flush at shutdown failed; the WAL keeps the data")
             }
         }
         ingester.close().await;
     }
-    Ok(())
+    Ok(stopped)
 }
 
 pub use fathom_distributor::{InflightConfig, Limits};

@@ -305,7 +305,7 @@ async fn replicated_writes_are_counted_once_wherever_they_sit() {
     assert!(body.contains("2 of 3 replicas failed"), "{body}");
     let e = c.folded("svc").await.unwrap_err();
     assert!(
-        e.starts_with("503") && e.contains("2 of 3 ingesters"),
+        e.starts_with("503") && e.contains("2 of 3 live ingesters could not be read"),
         "{e}"
     );
 

@@ -186,6 +186,27 @@ fn cluster_kill_one_ingester_under_load() {
         report.retries
     );
     check(&c, &report);
+
+    // With one ingester down (killed, its heads not flushed), a head read
+    // needs every live one. One stopped with SIGTERM flushes its heads and
+    // leaves the ring, so it is not missed: the answers stay whole from
+    // the last live ingester and the blocks. Losing that one too is a 503
+    // naming the ingester that is down, never an answer without the writes
+    // only it and a replica since gone acknowledged.
+    c.ingesters[1].stop().unwrap();
+    assert!(
+        c.ingesters[1]
+            .log()
+            .contains("left the ring: heads flushed"),
+        "{}",
+        c.ingesters[1].log()
+    );
+    c.wait_views(1, Duration::from_secs(30)).unwrap();
+    check(&c, &report);
+    c.ingesters[2].kill();
+    let e = folded(&c, "tenant-0", "svc-0").unwrap_err();
+    let down = format!("1 is down with heads not flushed ({})", c.ingesters[0].name);
+    assert!(e.starts_with("503") && e.contains(&down), "{e}");
 }
 
 /// `clients` load generators at once, each on its own stretch of time
