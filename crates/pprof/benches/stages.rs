@@ -230,13 +230,40 @@ fn main() {
             .sum()
     };
 
+    // A replica's records in a steady stream: every stack is in its head,
+    // so the distributor leaves them out (format 5: samples name their
+    // stacks by id) and the replica, its head number matching, takes
+    // them as held without lookups (`Record.held_under`).
+    let held_records: Vec<Vec<u8>> = files
+        .iter()
+        .map(|b| {
+            let mut n = decode_and_normalize(b, &limits, &against_head).unwrap();
+            n.symbols.remove_held_by(&corpus_head.0);
+            fathom_proto::encode_write(&tenant, &n.profiles, &n.symbols)
+        })
+        .collect();
+    assert!(
+        held_records
+            .iter()
+            .all(|r| fathom_proto::write_format(r) == Some(fathom_proto::WRITE_FORMAT_HELD))
+    );
+    let held_trusted = |recs: &[Vec<u8>]| {
+        recs.iter()
+            .map(|r| {
+                fathom_proto::decode_write_request_held(r, |_| Some(&head), true)
+                    .unwrap()
+                    .sample_count()
+            })
+            .sum()
+    };
+
     // Rounds interleave the stages, so that a change in the machine's load
     // (it is shared) shows up as spread rather than as one stage's figure.
     let rounds: usize = std::env::var("FATHOM_BENCH_STAGE_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let mut all: Vec<[f64; 18]> = Vec::new();
+    let mut all: Vec<[f64; 19]> = Vec::new();
     for _ in 0..rounds {
         let prost = rate("prost_decode", total, secs, || {
             files
@@ -391,6 +418,9 @@ fn main() {
             secs,
             || large_head(&v3),
         );
+        let held = rate("ingester_record_held_trusted", total, secs, || {
+            held_trusted(&held_records)
+        });
         all.push([
             prost,
             dec,
@@ -410,6 +440,7 @@ fn main() {
             against,
             in_process,
             in_process_before,
+            held,
         ]);
     }
     let median = |i: usize| {
@@ -440,6 +471,7 @@ fn main() {
         against,
         in_process,
         in_process_before,
+        held,
     ] = std::array::from_fn(median);
     // The ratio of each round's figure to the same round's prost decode.
     let ratio = |i: usize| {
@@ -477,6 +509,7 @@ fn main() {
         14,
         large_v3,
     );
+    figure("ingester_record_held_trusted", 18, held);
     // The time per byte of the stages add up: a cluster write costs the
     // distributor's pass plus one ingester pass per replica.
     let per_write = |ingester: f64| 1.0 / (1.0 / distributor + 3.0 / ingester);

@@ -160,21 +160,6 @@ struct Top<'a> {
     stacks: Vec<&'a [u8]>,
 }
 
-/// How many times field `number` occurs at the top level of message `b`
-/// with a payload of `min` bytes or more (up to the first framing error,
-/// which the full read then reports). With `min` the least a valid
-/// element takes, what is allocated by the count stays in proportion to
-/// what can be decoded: a record of empty elements allocates nothing.
-fn count_fields(b: &[u8], number: u64, min: usize) -> usize {
-    let mut n = 0;
-    each(b, |f| {
-        let long = matches!(f.value, Value::Bytes(p) if p.len() >= min);
-        n += usize::from(f.number == number && long);
-        Some(())
-    });
-    n
-}
-
 /// Appends the elements of a repeated varint field (packed, or one
 /// element per occurrence as prost also accepts) to `out`, each as
 /// `conv` makes it of the varint; `None` for another wire type or a bad
@@ -192,6 +177,32 @@ fn repeated_varints<T>(v: &Value<'_>, out: &mut Vec<T>, conv: impl Fn(u64) -> T)
         Value::Fixed => return None,
     }
     Some(())
+}
+
+/// A `Sample` message laid out as fathom's encoders write it: its 16-byte
+/// stack id (field 1), then its value (field 2) unless it is 0, and
+/// nothing else. The usual case, read without the general field loop
+/// (a held stack's samples are most of a steady stream's records); any
+/// other layout is `None`, and the field loop reads it (and decides).
+/// Same result as the loop for every input it accepts.
+#[inline]
+fn sample_as_written(b: &[u8]) -> Option<(&[u8], i64)> {
+    // Key of field 1, wire type 2, then the length 16.
+    let (head, rest) = b.split_at_checked(18)?;
+    if head[..2] != [0x0a, 16] {
+        return None;
+    }
+    let stack = &head[2..];
+    match rest {
+        [] => Some((stack, 0)),
+        // Key of field 2, wire type 0: the varint must end the message.
+        [0x10, v @ ..] => {
+            let mut pos = 0;
+            let value = varint(v, &mut pos)?;
+            (pos == v.len()).then_some((stack, value as i64))
+        }
+        _ => None,
+    }
 }
 
 /// Decodes a format-2, 3 or 4 record (or 5 naming nothing it lacks), or
@@ -502,17 +513,20 @@ pub(crate) fn decode_held<'k>(
         }
     }
     let mut profiles = Vec::with_capacity(top.profiles.len());
-    // Format 4's sample columns of one profile, reused.
+    // Format 4's sample columns of one profile, and its samples as read,
+    // reused.
     let (mut sample_stacks, mut sample_values) = (Vec::<u32>::new(), Vec::<i64>::new());
+    let mut read = Vec::<model::Sample>::new();
     for b in top.profiles {
         let (mut pid, mut profile_type) = (&[][..], "");
         let (mut time_nanos, mut duration_nanos, mut period) = (0i64, 0i64, 0i64);
         let mut labels: Vec<(&str, &str)> = Vec::new();
-        // Sized for the samples that name their stack by id, counted
-        // first: grown sample by sample, the vector would be copied at
-        // every doubling and once more when the head trims it.
-        // A sample's stack id alone takes 18 bytes.
-        let mut samples = Vec::with_capacity(count_fields(b, 7, 18));
+        // Read into a reused vector, then copied into one of their number
+        // (the head keeps it as it is): grown sample by sample, the
+        // profile's own vector would be copied at every doubling and once
+        // more when the head trims it, and counting the samples first
+        // reads every field twice.
+        read.clear();
         sample_stacks.clear();
         sample_values.clear();
         each(b, |f| {
@@ -535,15 +549,22 @@ pub(crate) fn decode_held<'k>(
                 5 => duration_nanos = f.value.varint()? as i64,
                 6 => period = f.value.varint()? as i64,
                 7 => {
-                    let (mut stack, mut value) = (&[][..], 0i64);
-                    each(f.value.bytes()?, |g| {
-                        match g.number {
-                            1 => stack = g.value.bytes()?,
-                            2 => value = g.value.varint()? as i64,
-                            _ => {}
+                    let b = f.value.bytes()?;
+                    let (stack, value) = match sample_as_written(b) {
+                        Some(s) => s,
+                        None => {
+                            let (mut stack, mut value) = (&[][..], 0i64);
+                            each(b, |g| {
+                                match g.number {
+                                    1 => stack = g.value.bytes()?,
+                                    2 => value = g.value.varint()? as i64,
+                                    _ => {}
+                                }
+                                Some(())
+                            })?;
+                            (stack, value)
                         }
-                        Some(())
-                    })?;
+                    };
                     let stack = id(stack)?;
                     // Trusted, a stack the record lacks is the head's: no
                     // lookup in either (each would miss the cache).
@@ -555,7 +576,7 @@ pub(crate) fn decode_held<'k>(
                             return None;
                         }
                     }
-                    samples.push(model::Sample { stack, value });
+                    read.push(model::Sample { stack, value });
                 }
                 // prost reads the columns in every format; only format 4
                 // has them.
@@ -569,12 +590,13 @@ pub(crate) fn decode_held<'k>(
             if sample_stacks.len() != sample_values.len() {
                 return None;
             }
-            samples.reserve(sample_stacks.len());
+            read.reserve(sample_stacks.len());
             for (&s, &value) in sample_stacks.iter().zip(&sample_values) {
                 let stack = *stack_ids.get(s as usize)?;
-                samples.push(model::Sample { stack, value });
+                read.push(model::Sample { stack, value });
             }
         }
+        let samples = read.as_slice().to_vec();
         profiles.push(model::Profile {
             id: id(pid)?,
             profile_type: profile_type.parse().ok()?,
@@ -740,16 +762,12 @@ mod tests {
         for p in &got.profiles {
             assert_eq!(p.samples.capacity(), p.samples.len());
         }
-        assert_eq!(count_fields(&rec, 2, 0), b.profiles.len());
-        assert_eq!(count_fields(&rec, 99, 0), 0);
-        // A profile of empty samples (refused: no stack) is not counted,
-        // so a large damaged record allocates nothing for them.
-        let mut empty = Vec::new();
-        for _ in 0..1000 {
-            empty.extend_from_slice(&[7 << 3 | 2, 0]);
+        // So do the columns' samples (format 4).
+        let got = decode_direct(&encode_write_request(&b)).unwrap();
+        assert_eq!(got.profiles, b.profiles);
+        for p in &got.profiles {
+            assert_eq!(p.samples.capacity(), p.samples.len());
         }
-        assert_eq!(count_fields(&empty, 7, 18), 0);
-        assert_eq!(count_fields(&empty, 7, 0), 1000);
     }
 
     #[test]
@@ -854,6 +872,53 @@ mod tests {
             decode_write_request(&future),
             Err(crate::ConvertError::FormatVersion { version: 6 })
         ));
+    }
+
+    /// A sample's fields in any layout prost reads (value first, an
+    /// unknown field, a repeated field, the longest varint) give what
+    /// prost gives, not only the layout the encoders write and
+    /// [`sample_as_written`] takes; a broken one is refused by both.
+    #[test]
+    fn samples_in_any_layout_read_as_prost_reads_them() {
+        use prost::encoding::encode_varint;
+        let b = crate::encode::tests::batch();
+        let stack = b.profiles[0].samples[0].stack;
+        let mut req = crate::write_request_format3(&b);
+        let mut profile = req.profiles.remove(0);
+        profile.samples.clear();
+        let (base, profile) = (req.encode_to_vec(), profile.encode_to_vec());
+        let id = [&[0x0a, 16][..], &stack.0].concat();
+        let layouts: [(Vec<u8>, Option<i64>); 9] = [
+            ([&id[..], &[0x10, 5]].concat(), Some(5)),
+            (id.clone(), Some(0)),
+            ([&id[..], &[0x10, 0]].concat(), Some(0)),
+            ([&[0x10, 5][..], &id].concat(), Some(5)),
+            ([&id[..], &[0x10, 5, 0x18, 1]].concat(), Some(5)),
+            ([&id[..], &[0x10, 5, 0x10, 7]].concat(), Some(7)),
+            ([&id[..], &[0x10], &[0xff; 9], &[0x01]].concat(), Some(-1)),
+            ([&id[..], &[0x10, 0x80]].concat(), None),
+            ([&[0x0a, 15][..], &stack.0[..15], &[0x10, 5]].concat(), None),
+        ];
+        for (sample, want) in layouts {
+            let mut p = profile.clone();
+            p.push(7 << 3 | 2);
+            encode_varint(sample.len() as u64, &mut p);
+            p.extend_from_slice(&sample);
+            let mut rec = base.clone();
+            rec.push(2 << 3 | 2);
+            encode_varint(p.len() as u64, &mut rec);
+            rec.extend_from_slice(&p);
+            assert_eq!(agree(&rec), want.is_some(), "{sample:02x?}");
+            if let Some(value) = want {
+                let got = decode_direct(&rec).unwrap();
+                let last = got.profiles.last().unwrap();
+                assert_eq!(
+                    last.samples,
+                    [model::Sample { stack, value }],
+                    "{sample:02x?}"
+                );
+            }
+        }
     }
 
     /// Every single-byte change and every truncation of a record: the
