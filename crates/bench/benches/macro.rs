@@ -1133,12 +1133,33 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
         .filter_map(|p| p.pid())
         .collect();
     rt.block_on(warm_up(&urls, "the cluster"));
+    let roles: Vec<(&str, Vec<u32>)> = [
+        ("distributors", &c.distributors),
+        ("ingesters", &c.ingesters),
+        ("metastores", &c.metastores),
+    ]
+    .into_iter()
+    .map(|(name, ps)| (name, ps.iter().filter_map(|p| p.pid()).collect()))
+    .chain([
+        ("querier", c.querier.pid().into_iter().collect()),
+        ("compactor", c.compactor.pid().into_iter().collect()),
+    ])
+    .collect();
+    let role_cpu0: Vec<f64> = roles.iter().map(|(_, p)| cpu_seconds(p)).collect();
     let cpu0 = cpu_seconds(&pids);
     let ingester_urls: Vec<String> = c.ingesters.iter().map(|p| p.url("")).collect();
     let cuts0 = rt.block_on(head_cuts(&ingester_urls));
     let (rf3, reqs3, el3) = rt.block_on(push_for(urls.clone(), secs));
     let rf3_cpu = cpu_seconds(&pids) - cpu0;
     let rf3_cuts = rt.block_on(head_cuts(&ingester_urls)).since(cuts0);
+    let by_role: Vec<String> = roles
+        .iter()
+        .zip(&role_cpu0)
+        .map(|((name, p), c0)| {
+            let cpu = cpu_seconds(p) - c0;
+            format!("{name} {:.1}", 1000.0 * cpu / (rf3 * el3))
+        })
+        .collect();
     // CPU a MB acknowledged: what the cluster's own work costs, whatever
     // the cores were doing besides (the figures above move with the
     // machine's other load, this less).
@@ -1150,6 +1171,10 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
         rf3_cpu / el3,
         one_cpu / el1,
         c1 / c3
+    );
+    println!(
+        "info: the cluster's CPU a MB acknowledged by role (ms): {}",
+        by_role.join(", ")
     );
     println!(
         "figure ingest_cluster_rf3: {rf3:.1} MB/s of uncompressed pprof acknowledged ({reqs3} requests in {el3:.1} s; 2 distributors, 3 ingesters, every write on 3 WALs) next to ingest_single_process_as_process: {one:.1} MB/s ({reqs1} requests in {el1:.1} s), same binary, same clients, same {cores}-core machine: ratio {:.2}",
