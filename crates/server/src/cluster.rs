@@ -43,10 +43,15 @@ impl RingView {
         let (tx, view) = tokio::sync::watch::channel(View::default());
         let task = tokio::spawn(async move {
             loop {
-                let listed = client.members(Some(Role::Ingester)).await;
-                tx.send_modify(|v| apply(v, listed));
+                // Every member first, then the live ones: one that
+                // registers in between is live without being down for a
+                // moment, and one that dies in between is down.
                 let all = client.all_members(Some(Role::Ingester)).await;
-                tx.send_modify(|v| apply_down(v, all));
+                let listed = client.members(Some(Role::Ingester)).await;
+                tx.send_modify(|v| {
+                    apply(v, listed);
+                    apply_down(v, all);
+                });
                 tokio::time::sleep(refresh).await;
             }
         });
@@ -109,7 +114,9 @@ fn apply_down(
         .collect();
     down.sort();
     if *v.down != down {
-        if !down.is_empty() {
+        if down.is_empty() {
+            tracing::info!("no ingester is down any more");
+        } else {
             tracing::warn!(
                 ?down,
                 "ingesters are down (registered, not live, not left after a flush): head reads count them as missed replicas"
