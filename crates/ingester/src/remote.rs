@@ -87,7 +87,7 @@ pub enum ReadError {
     /// More ingesters failed or are down than replication tolerates.
     #[error(
         "{failed} of {live} live ingesters could not be read{} (at most {tolerated} may be missed): {}",
-        if down.is_empty() { String::new() } else { format!(" and {} {} down with heads not flushed ({})", down.len(), if down.len() == 1 { "is" } else { "are" }, down.join(", ")) },
+        down_clause(down),
         errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
     Quorum {
@@ -98,6 +98,18 @@ pub enum ReadError {
         tolerated: usize,
         errors: Vec<ReadError>,
     },
+}
+
+/// What [`ReadError::Quorum`] says of the ingesters that are down, if any.
+fn down_clause(down: &[String]) -> String {
+    match down.len() {
+        0 => String::new(),
+        1 => format!(" and 1 is down with heads not flushed ({})", down[0]),
+        n => format!(
+            " and {n} are down with heads not flushed ({})",
+            down.join(", ")
+        ),
+    }
 }
 
 /// Every head read error is the ingesters' (or the ring's) state, never
@@ -252,6 +264,17 @@ impl FlightHeads {
     ) -> Result<Vec<(IngesterAddr, Bytes, Vec<RecordBatch>)>, ReadError> {
         let live = self.ingesters.ingesters().await?;
         let down = self.ingesters.down().await;
+        let tolerated = self.replication_factor - quorum(self.replication_factor);
+        if down.len() > tolerated {
+            // Missed already, whatever the live ones answer: none is asked.
+            return Err(ReadError::Quorum {
+                failed: 0,
+                live: live.len(),
+                down,
+                tolerated,
+                errors: Vec::new(),
+            });
+        }
         let results =
             futures::future::join_all(live.iter().map(|m| self.fetch(m, tenant, ticket))).await;
         let mut ok = Vec::new();
@@ -262,7 +285,6 @@ impl FlightHeads {
                 Err(e) => errors.push(e),
             }
         }
-        let tolerated = self.replication_factor - quorum(self.replication_factor);
         if errors.len() + down.len() > tolerated {
             return Err(ReadError::Quorum {
                 failed: errors.len(),

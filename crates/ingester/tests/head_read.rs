@@ -177,7 +177,7 @@ async fn a_head_read_returns_the_ingesters_own_snapshot_and_symbols() {
         .await
         .unwrap();
     assert_eq!(read.len(), 1, "one down, every live one read: tolerated");
-    let e = one_down(both)
+    let e = one_down(both.clone())
         .snapshot(&tenant, i64::MIN, i64::MAX)
         .await
         .unwrap_err();
@@ -197,6 +197,24 @@ async fn a_head_read_returns_the_ingesters_own_snapshot_and_symbols() {
         m.contains(
             "1 of 2 live ingesters could not be read and 1 is down with heads not flushed (i7)"
         ) && m.contains("i9"),
+        "{m}"
+    );
+    // Two down: missed whatever the live ones would answer, so none is
+    // asked (the unreachable i9 is no failure here).
+    let e = FlightHeads::new(
+        Arc::new(WithDown(both, vec!["i7".into(), "i8".into()])),
+        3,
+        Duration::from_secs(10),
+        ClusterSecret::random(),
+    )
+    .snapshot(&tenant, i64::MIN, i64::MAX)
+    .await
+    .unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.starts_with(
+            "0 of 2 live ingesters could not be read and 2 are down with heads not flushed (i7, i8)"
+        ),
         "{m}"
     );
 
