@@ -56,16 +56,8 @@ impl SecretArgs {
     /// The secret, or none where that is allowed: on a loopback `listen`
     /// or with --insecure-trusted-network.
     pub(crate) fn secret(&self, listen: SocketAddr) -> anyhow::Result<ClusterSecret> {
-        let raw =
-            match (&self.cluster_secret, &self.cluster_secret_file) {
-                (Some(s), _) => Some(s.clone()),
-                (None, Some(path)) => Some(std::fs::read_to_string(path).with_context(|| {
-                    format!("reading the cluster secret file {}", path.display())
-                })?),
-                (None, None) => None,
-            };
-        if let Some(raw) = raw {
-            return ClusterSecret::new(&raw).context("--cluster-secret");
+        if let Some(secret) = self.given()? {
+            return Ok(secret);
         }
         if listen.ip().is_loopback() {
             tracing::info!(
@@ -89,6 +81,19 @@ impl SecretArgs {
             );
         }
         Ok(ClusterSecret::none())
+    }
+
+    /// The secret the flags or the environment give, if any.
+    pub(crate) fn given(&self) -> anyhow::Result<Option<ClusterSecret>> {
+        let raw = match (&self.cluster_secret, &self.cluster_secret_file) {
+            (Some(s), _) => s.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .with_context(|| format!("reading the cluster secret file {}", path.display()))?,
+            (None, None) => return Ok(None),
+        };
+        ClusterSecret::new(&raw)
+            .context("--cluster-secret")
+            .map(Some)
     }
 }
 

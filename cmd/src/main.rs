@@ -14,6 +14,7 @@ mod alloc;
 mod cluster;
 mod debuginfo;
 mod import;
+mod members;
 
 #[global_allocator]
 static GLOBAL: alloc::RoleAllocator = alloc::RoleAllocator;
@@ -70,6 +71,10 @@ enum Command {
     /// Writes blocks straight into the object store (backfill): a directory
     /// of pprof/JFR files, or a generated history (--synthetic).
     Import(import::ImportArgs),
+    /// Lists the cluster's members (live, left or down) from the
+    /// metastore, and forgets one that is gone for good (a client: talks
+    /// to --metastore).
+    Members(members::MembersArgs),
 }
 
 #[derive(Args)]
@@ -490,6 +495,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Debuginfo(_) => "debuginfo",
         Command::Import(_) => "import",
+        Command::Members(_) => "members",
         Command::All(_) => "all",
         Command::Metastore(_) => "metastore",
         Command::Ingester(_) => "ingester",
@@ -534,6 +540,36 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::HashSecret(a) => hash_secret(&a)?,
         Command::Debuginfo(a) => debuginfo::run(a).await?,
         Command::Import(a) => import::run(a).await?,
+        Command::Members(a) => members::run(a).await?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// clap checks a command's definition only when it is parsed: this
+    /// checks every subcommand's (a flag both global and required, a
+    /// duplicate name, …) before a user meets the panic.
+    #[test]
+    fn every_command_line_definition_is_valid() {
+        Cli::command().debug_assert();
+        let members = Cli::try_parse_from([
+            "fathom",
+            "members",
+            "forget",
+            "ingester-1",
+            "--metastore",
+            "127.0.0.1:9101,127.0.0.1:9102",
+        ])
+        .unwrap();
+        assert!(matches!(members.command, Command::Members(_)));
+        let missing = Cli::try_parse_from(["fathom", "members", "list"])
+            .err()
+            .unwrap();
+        assert!(missing.to_string().contains("--metastore"), "{missing}");
+    }
 }

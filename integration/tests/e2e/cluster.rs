@@ -207,6 +207,56 @@ fn cluster_kill_one_ingester_under_load() {
     let e = folded(&c, "tenant-0", "svc-0").unwrap_err();
     let down = format!("1 is down with heads not flushed ({})", c.ingesters[0].name);
     assert!(e.starts_with("503") && e.contains(&down), "{e}");
+
+    // An ingester lost for good is forgotten with `fathom members forget`:
+    // head reads then stop waiting for it. The listing shows each member's
+    // state; a live member or an unknown name is refused.
+    c.wait_ingesters(0, Duration::from_secs(30)).unwrap();
+    let list = members(&c, &["list"]).unwrap();
+    println!("fathom members list:\n{list}");
+    for (i, state) in [(0, "down"), (1, "left"), (2, "down")] {
+        let name = &c.ingesters[i].name;
+        assert!(
+            list.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.first() == Some(&name.as_str()) && f.get(3) == Some(&state)
+            }),
+            "{name} {state}:\n{list}"
+        );
+    }
+    let live = members(&c, &["forget", &c.querier.name]).unwrap_err();
+    assert!(live.contains("is live"), "{live}");
+    let unknown = members(&c, &["forget", "no-such-member"]).unwrap_err();
+    assert!(unknown.contains("no member is registered"), "{unknown}");
+    let forgot = members(&c, &["forget", &c.ingesters[0].name]).unwrap();
+    assert!(forgot.contains("forgot ingester"), "{forgot}");
+    // With one ingester down (the third), replication tolerates it: the
+    // querier answers once its ring view has the change.
+    let t = Instant::now();
+    while let Err(e) = folded(&c, "tenant-0", "svc-0") {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "after forgetting: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `fathom members <args> --metastore …` with the cluster secret: its
+/// stdout, or its stderr when it fails.
+fn members(c: &Cluster, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(fathom_integration::fathom_bin())
+        .arg("members")
+        .args(args)
+        .args(["--metastore", &c.metastore_list()])
+        .env("FATHOM_CLUSTER_SECRET", &c.secret)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// `clients` load generators at once, each on its own stretch of time
