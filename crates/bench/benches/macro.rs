@@ -1368,6 +1368,10 @@ struct HeadCuts {
     stored: f64,
     /// Heads being cut (frozen, not yet stored) at the time.
     cutting: usize,
+    /// Seconds spent encoding the cuts (`fathom_ingester_block_encode_seconds`)
+    /// and how many were encoded.
+    encode_s: f64,
+    encoded: f64,
 }
 
 impl HeadCuts {
@@ -1376,6 +1380,8 @@ impl HeadCuts {
         HeadCuts {
             stored: self.stored - before.stored,
             cutting: self.cutting,
+            encode_s: self.encode_s - before.encode_s,
+            encoded: self.encoded - before.encoded,
         }
     }
 }
@@ -1384,8 +1390,12 @@ impl std::fmt::Display for HeadCuts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} stored, {} under way at the end",
-            self.stored, self.cutting
+            "{} stored, {} under way at the end ({:.2} s encoding {} cuts, {:.3} s each)",
+            self.stored,
+            self.cutting,
+            self.encode_s,
+            self.encoded,
+            self.encode_s / self.encoded.max(1.0)
         )
     }
 }
@@ -1397,6 +1407,8 @@ async fn head_cuts(urls: &[String]) -> HeadCuts {
     let mut out = HeadCuts::default();
     for u in urls {
         out.stored += counter(u, "fathom_ingester_blocks_flushed_total").await;
+        out.encode_s += counter(u, "fathom_ingester_block_encode_seconds_sum").await;
+        out.encoded += counter(u, "fathom_ingester_block_encode_seconds_count").await;
         let live = counter(u, "fathom_ingester_head_bytes").await;
         let held = counter(u, "fathom_ingester_head_memory_bytes").await;
         if held > live {

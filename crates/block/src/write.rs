@@ -167,6 +167,13 @@ enum Rows {
 ///
 /// A file's key column (each id once) stays PLAIN: a dictionary of
 /// values that never repeat only adds an index a row.
+///
+/// Statistics (min and max a page) only where a range can skip pages:
+/// the sorted files' leading columns and a keyed file's key. A stack id
+/// within a profile's rows, or a stack's location ids, spans the whole
+/// range of hashes on every page, and parquet-rs compares each 16-byte
+/// value to keep them: a tenth of a cut's encoding (docs/benchmarks.md,
+/// "Issue 13, thirty-fourth session"). Nothing reads those.
 fn props(rows: Rows) -> WriterProperties {
     let b = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
@@ -174,11 +181,18 @@ fn props(rows: Rows) -> WriterProperties {
         .set_dictionary_enabled(true)
         // Large dictionaries keep 16-byte ids dictionary-encoded.
         .set_dictionary_page_size_limit(64 << 20)
-        .set_max_row_group_row_count(Some(1 << 20))
-        .set_statistics_enabled(EnabledStatistics::Page);
+        .set_max_row_group_row_count(Some(1 << 20));
     match rows {
-        Rows::Sorted => b.set_sorting_columns(Some(key_columns())),
+        Rows::Sorted => b
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .set_column_statistics_enabled(
+                ColumnPath::from(columns::STACK_ID),
+                EnabledStatistics::None,
+            )
+            .set_sorting_columns(Some(key_columns())),
         Rows::Keyed(key) => b
+            .set_statistics_enabled(EnabledStatistics::None)
+            .set_column_statistics_enabled(ColumnPath::from(key), EnabledStatistics::Page)
             .set_column_dictionary_enabled(ColumnPath::from(key), false)
             .set_column_encoding(ColumnPath::from(key), Encoding::PLAIN),
     }
