@@ -1,6 +1,6 @@
 //! `fathom members`: the cluster's members as the metastore knows them,
 //! and forgetting one that is gone for good (`docs/operations.md`,
-//! "Replacing a lost ingester").
+//! "Members").
 
 use std::time::{Duration, UNIX_EPOCH};
 
