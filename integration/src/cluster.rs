@@ -186,6 +186,8 @@ pub struct ClusterOptions {
     /// lists the three ingesters as live (off: trust `/ready` alone, as a
     /// user or an orchestrator does).
     pub wait_ring: bool,
+    /// Extra flags of the compactor.
+    pub compactor_args: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -197,6 +199,7 @@ impl Default for ClusterOptions {
             flush_interval: Duration::from_secs(3600),
             all_args: Vec::new(),
             wait_ring: true,
+            compactor_args: Vec::new(),
         }
     }
 }
@@ -281,11 +284,9 @@ impl Cluster {
         // seconds (15 minutes by default): a query that listed them just
         // before a compaction still reads them, as it would in production.
         // With no delay it would fail, naming the file.
-        let compactor = role(
-            "compactor",
-            "compactor",
-            &["--compaction-interval", &interval, "--delete-delay", "5s"],
-        )?;
+        let mut compactor_args = vec!["--compaction-interval", &interval, "--delete-delay", "5s"];
+        compactor_args.extend(opts.compactor_args.iter().map(String::as_str));
+        let compactor = role("compactor", "compactor", &compactor_args)?;
         let mut c = Cluster {
             dir,
             secret,

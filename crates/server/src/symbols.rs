@@ -44,6 +44,13 @@ impl Default for SymbolsConfig {
 /// The symbolizer as the querier's and the compactor's hook.
 struct Resolver(Symbolizer);
 
+/// The least time a compaction waits for symbols. Nobody waits on a
+/// compaction, and what it leaves unresolved stays an address in the
+/// block, symbolized again by every query that reads it: a loaded machine
+/// parsing a large debug file must not make it give up after a query's
+/// `--symbolize-wait`. Far inside a compaction lease (10 minutes).
+const COMPACTION_SYMBOLIZE_WAIT: Duration = Duration::from_secs(60);
+
 #[async_trait::async_trait]
 impl SymbolResolver for Resolver {
     async fn symbolize(&self, tenant: &TenantId, symbols: &mut Symbols) {
@@ -54,7 +61,8 @@ impl SymbolResolver for Resolver {
 #[async_trait::async_trait]
 impl BlockSymbolizer for Resolver {
     async fn symbolize(&self, tenant: &TenantId, symbols: &mut Symbols) {
-        self.0.symbolize(tenant, symbols).await;
+        let wait = COMPACTION_SYMBOLIZE_WAIT.max(self.0.wait());
+        self.0.symbolize_within(tenant, symbols, wait).await;
     }
 }
 

@@ -169,6 +169,11 @@ impl Symbolizer {
         }
     }
 
+    /// How long a query waits for symbols (`SymbolizerConfig::wait`).
+    pub fn wait(&self) -> Duration {
+        self.inner.cfg.wait
+    }
+
     pub fn store(&self) -> &DebugInfoStore {
         &self.inner.store
     }
@@ -190,6 +195,17 @@ impl Symbolizer {
     /// Locations keep their ids (the table is the query's own copy).
     /// Returns how many locations got functions.
     pub async fn symbolize(&self, tenant: &TenantId, symbols: &mut Symbols) -> usize {
+        self.symbolize_within(tenant, symbols, self.inner.cfg.wait)
+            .await
+    }
+
+    /// As [`Symbolizer::symbolize`], waiting at most `wait`.
+    pub async fn symbolize_within(
+        &self,
+        tenant: &TenantId,
+        symbols: &mut Symbols,
+        wait: Duration,
+    ) -> usize {
         let pending = unsymbolized(symbols);
         if pending.is_empty() {
             return 0;
@@ -217,7 +233,7 @@ impl Symbolizer {
             });
             // Past the wait, the work goes on and fills the cache for the
             // next query.
-            let _ = tokio::time::timeout(self.inner.cfg.wait, work).await;
+            let _ = tokio::time::timeout(wait, work).await;
         }
         self.apply(tenant, symbols, &pending)
     }

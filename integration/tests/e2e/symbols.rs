@@ -1300,9 +1300,12 @@ fn cluster_compactor_writes_functions_into_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let c = build_c(dir.path());
     let (_, co) = c_stack(&c);
+    // A query's wait of 1 ms: a compaction still waits for its symbols
+    // (at least a minute), however long reading the debug file takes.
     let opts = ClusterOptions {
         compaction_interval: Duration::from_secs(1),
         flush_interval: Duration::from_secs(1),
+        compactor_args: vec!["--symbolize-wait".into(), "1ms".into()],
         ..Default::default()
     };
     let cl = Cluster::start(&dir.path().join("cluster"), &opts).unwrap();
