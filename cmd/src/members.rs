@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use fathom_api::secret::ClusterSecret;
-use fathom_metastore::{ClientOptions, Member, MetastoreClient, Role};
+use fathom_metastore::{ClientOptions, Member, MemberState, MetastoreClient, Role};
 
 use crate::cluster::SecretArgs;
 
@@ -42,7 +42,8 @@ enum MembersCommand {
     /// and replicas since lost acknowledged are given up. Refused for a live
     /// member (stop it instead: an ingester stopped with SIGTERM flushes its
     /// heads and leaves by itself). A process that registers under the name
-    /// again is a member again.
+    /// again is a member again, and one still running (forgotten while cut
+    /// off) registers again at its next heartbeat.
     Forget {
         name: String,
         #[command(flatten)]
@@ -65,32 +66,9 @@ impl Target {
     }
 }
 
-/// How a member stands in the ring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    Live,
-    Left,
-    Down,
-}
-
-impl State {
-    fn of(m: &Member, live: &[Member]) -> State {
-        if live.iter().any(|l| l.id == m.id) {
-            State::Live
-        } else if m.left {
-            State::Left
-        } else {
-            State::Down
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            State::Live => "live",
-            State::Left => "left",
-            State::Down => "down",
-        }
-    }
+/// A member's state, given the live members.
+fn state(m: &Member, live: &[Member]) -> MemberState {
+    m.state(live.iter().any(|l| l.id == m.id))
 }
 
 pub(crate) async fn run(a: MembersArgs) -> anyhow::Result<()> {
@@ -107,13 +85,13 @@ pub(crate) async fn run(a: MembersArgs) -> anyhow::Result<()> {
                     "no member is registered as {name:?} (`fathom members list` shows the names)"
                 );
             };
-            match State::of(m, &live) {
-                State::Live => bail!(
+            match state(m, &live) {
+                MemberState::Live => bail!(
                     "{name} is live (it heartbeats): stop it instead; an ingester stopped \
                      with SIGTERM flushes its heads and leaves by itself"
                 ),
-                State::Left => println!("{name} has already left"),
-                State::Down => {
+                MemberState::Left => println!("{name} has already left"),
+                MemberState::Down => {
                     client
                         .leave(&name)
                         .await
@@ -148,8 +126,10 @@ fn table(all: &[Member], live: &[Member]) -> String {
         "NAME", "ROLE", "ADDRESS", "STATE"
     );
     for m in all {
+        // 0 (or less): never stamped by a leader.
         let at = u64::try_from(m.registered_at_ms)
             .ok()
+            .filter(|&ms| ms > 0)
             .map(|ms| humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)))
             .map_or_else(|| "?".to_owned(), |t| t.to_string());
         out.push_str(&format!(
@@ -157,7 +137,7 @@ fn table(all: &[Member], live: &[Member]) -> String {
             m.id,
             m.role.as_str(),
             m.addr,
-            State::of(m, live).as_str()
+            state(m, live).as_str()
         ));
     }
     out
@@ -184,8 +164,16 @@ mod tests {
             member("q-1", Role::Querier, false),
         ];
         let live = [all[2].clone(), all[3].clone()];
-        let states: Vec<State> = all.iter().map(|m| State::of(m, &live)).collect();
-        assert_eq!(states, [State::Down, State::Left, State::Live, State::Live]);
+        let states: Vec<MemberState> = all.iter().map(|m| state(m, &live)).collect();
+        assert_eq!(
+            states,
+            [
+                MemberState::Down,
+                MemberState::Left,
+                MemberState::Live,
+                MemberState::Live
+            ]
+        );
         let t = table(&all, &live);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 5, "{t}");
@@ -202,9 +190,9 @@ mod tests {
             ]
         );
         assert!(lines[2].contains(" left "), "{t}");
-        // A stamp the leader never set shows as unknown, not as 1970.
+        // A stamp no leader set shows as unknown, not as 1970.
         let never = Member {
-            registered_at_ms: -1,
+            registered_at_ms: 0,
             ..member("d-1", Role::Distributor, false)
         };
         assert!(table(&[never], &[]).lines().nth(1).unwrap().ends_with(" ?"));

@@ -151,4 +151,4 @@ pub use client::{ClientOptions, Heartbeat, MetastoreClient, spawn_heartbeat};
 pub use error::{Error, MetastoreError};
 pub use node::{MetastoreConfig, MetastoreNode};
 pub use service::LEADER_METADATA;
-pub use types::{Member, PendingDeletion, Role};
+pub use types::{Member, MemberState, PendingDeletion, Role};

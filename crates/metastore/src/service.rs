@@ -159,10 +159,22 @@ impl Metastore for MetastoreService {
         let id = req.into_inner().id;
         check_name("member id", &id)?;
         let term = self.confirm_leader(false).await?;
-        if !self.inner.applied.read().state.members.contains_key(&id) {
-            return Err(Status::not_found(format!(
-                "member {id:?} is not registered; register it first"
-            )));
+        // A member marked left that still heartbeats (forgotten while cut
+        // off, or just before it came back) is told to register again,
+        // which its heartbeat loop does: it is never out of the ring while
+        // running.
+        match self.inner.applied.read().state.members.get(&id) {
+            None => {
+                return Err(Status::not_found(format!(
+                    "member {id:?} is not registered; register it first"
+                )));
+            }
+            Some(m) if m.left => {
+                return Err(Status::not_found(format!(
+                    "member {id:?} has left the ring; register it again"
+                )));
+            }
+            Some(_) => {}
         }
         self.inner.live.seen(term, &id, Instant::now());
         Ok(Response::new(proto::Empty {}))

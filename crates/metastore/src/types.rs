@@ -49,7 +49,39 @@ pub struct Member {
     pub left: bool,
 }
 
+/// How a registered member stands in the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// Registered and heartbeating, not left.
+    Live,
+    /// Left on purpose (or forgotten) and not registered since.
+    Left,
+    /// Neither: killed, crashed or cut off.
+    Down,
+}
+
+impl MemberState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberState::Live => "live",
+            MemberState::Left => "left",
+            MemberState::Down => "down",
+        }
+    }
+}
+
 impl Member {
+    /// Its state, given whether the metastore lists it as live.
+    pub fn state(&self, live: bool) -> MemberState {
+        if live {
+            MemberState::Live
+        } else if self.left {
+            MemberState::Left
+        } else {
+            MemberState::Down
+        }
+    }
+
     /// A member to register; the leader stamps `registered_at_ms`.
     pub fn new(id: impl Into<String>, role: Role, addr: impl Into<String>) -> Self {
         Member {

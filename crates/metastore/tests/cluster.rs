@@ -661,6 +661,40 @@ async fn a_member_that_leaves_is_not_live_until_it_registers_again() {
     );
     let err = client.leave("nobody").await.unwrap_err();
     assert!(matches!(err, MetastoreError::NotFound(_)), "{err}");
+
+    // A member marked left while it still runs (forgotten while cut off)
+    // is told to register again by its next heartbeat, and its heartbeat
+    // loop does: it is never out of the ring while it runs.
+    client.leave("ing-1").await.unwrap();
+    let err = client.heartbeat("ing-1").await.unwrap_err();
+    assert!(
+        matches!(&err, MetastoreError::NotFound(m) if m.contains("has left")),
+        "{err}"
+    );
+    client.leave("ing-2").await.unwrap();
+    let h = fathom_metastore::spawn_heartbeat(
+        client.clone(),
+        Member::new("ing-2", Role::Ingester, "h:1"),
+        Duration::from_millis(100),
+    );
+    h.registered().await;
+    client.leave("ing-2").await.unwrap();
+    let t = Instant::now();
+    loop {
+        let all = client.all_members(Some(Role::Ingester)).await.unwrap();
+        let live = client.members(Some(Role::Ingester)).await.unwrap();
+        let back =
+            all.iter().any(|m| m.id == "ing-2" && !m.left) && live.iter().any(|m| m.id == "ing-2");
+        if back {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a running member marked left did not register again: {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -109,7 +109,9 @@ fn apply_down(
     let Ok(all) = all else { return };
     let mut down: Vec<String> = all
         .into_iter()
-        .filter(|m| !m.left && !v.members.iter().any(|l| l.id == m.id))
+        .filter(|m| {
+            m.state(v.members.iter().any(|l| l.id == m.id)) == fathom_metastore::MemberState::Down
+        })
         .map(|m| m.id)
         .collect();
     down.sort();
