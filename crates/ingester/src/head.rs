@@ -147,7 +147,8 @@ fn sample_batches(
 }
 
 /// A profile's samples by stack id: as they are when already in that
-/// order, else a sorted copy.
+/// order (the pprof normalizer's output is, so every replica of a write
+/// skips the sort), else a sorted copy.
 fn by_stack(p: &HeadSamples) -> std::borrow::Cow<'_, [Sample]> {
     if p.samples.is_sorted_by_key(|x| x.stack) {
         std::borrow::Cow::Borrowed(&p.samples[..])

@@ -352,6 +352,18 @@ struct Series {
     values: Vec<i64>,
 }
 
+/// A series' stacks in id order, each with its slot: the order of every
+/// profile's samples the series gives. A block stores a profile's samples
+/// by stack id, so a head cut takes them as they are instead of sorting
+/// each profile again on every replica (`by_stack` in the ingester's head).
+/// One sort serves every sample type of the series. Stack ids are unique
+/// within a series, so the order is total.
+fn by_stack(stacks: &[Id]) -> Vec<(Id, usize)> {
+    let mut order: Vec<(Id, usize)> = stacks.iter().copied().zip(0..).collect();
+    order.sort_unstable_by_key(|&(stack, _)| stack);
+    order
+}
+
 /// Normalizes a pprof into Fathom profiles (see the crate docs for the
 /// rules): one profile per (sample type, series), samples with equal
 /// stacks summed, zero values dropped, symbols content-addressed.
@@ -1057,23 +1069,24 @@ impl<'a> Normalizer<'a> {
         let mut profiles = Vec::new();
         for ser in &series {
             let labels_string = ser.labels.to_string();
+            let order = by_stack(&ser.stacks);
             for (t, ty) in types.iter().enumerate() {
-                // The type's values, and how many are not zero: the
-                // vector is allocated at its final size, since a head
-                // keeps it as it is (grown by doubling, it would be
+                // The type's values in stack order, and how many are not
+                // zero: the vector is allocated at its final size, since a
+                // head keeps it as it is (grown by doubling, it would be
                 // copied about twice and then trimmed).
-                let values = ser.values.chunks_exact(ntypes).map(|row| row[t]);
+                let values = order.iter().map(|&(_, slot)| ser.values[slot * ntypes + t]);
                 let kept = values.clone().filter(|&v| v != 0).count();
                 if kept == 0 {
                     continue;
                 }
                 let mut samples: Vec<Sample> = Vec::with_capacity(kept);
                 samples.extend(
-                    ser.stacks
+                    order
                         .iter()
                         .zip(values)
                         .filter(|&(_, value)| value != 0)
-                        .map(|(&stack, value)| Sample { stack, value }),
+                        .map(|(&(stack, _), value)| Sample { stack, value }),
                 );
                 profiles.push(Profile {
                     id: profile_id(&self.opts.profile_id_seed, &type_strings[t], &labels_string),
@@ -1441,6 +1454,53 @@ mod tests {
     /// Every stack's frames by index name its locations, in order; a
     /// location the pprof lists twice (two ids, same content) is one
     /// location with one index.
+    /// Every profile's samples come in stack id order (the order a block
+    /// stores them), whatever order the pprof gives them in, each type's
+    /// values with their stacks, zeros left out.
+    #[test]
+    fn samples_come_in_stack_order() {
+        let mut p = labelled();
+        let sample = |location_id: Vec<u64>, value: Vec<i64>| pprof::Sample {
+            location_id,
+            value,
+            label: vec![],
+        };
+        p.sample = vec![
+            sample(vec![1], vec![1, 10]),
+            sample(vec![2, 1], vec![2, 20]),
+            sample(vec![2], vec![0, 30]),
+            sample(vec![1, 2], vec![4, 40]),
+            sample(vec![2, 2, 1], vec![5, 50]),
+        ];
+        let n = normalize(&p, &NormalizeOptions::default()).expect("normalizes");
+        assert_eq!(n.profiles.len(), 2);
+        for (x, values) in n
+            .profiles
+            .iter()
+            .zip([vec![1, 2, 4, 5], vec![10, 20, 30, 40, 50]])
+        {
+            let stacks: Vec<Id> = x.samples.iter().map(|s| s.stack).collect();
+            let mut sorted = stacks.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(stacks, sorted, "{} in stack order", x.profile_type);
+            let mut got: Vec<i64> = x.samples.iter().map(|s| s.value).collect();
+            got.sort_unstable();
+            assert_eq!(got, values, "{}", x.profile_type);
+        }
+        // Each value stays with its stack.
+        let by_frames: Vec<(Vec<String>, i64)> = n.profiles[1]
+            .samples
+            .iter()
+            .map(|s| (n.symbols.frames(&s.stack), s.value))
+            .filter(|(_, v)| *v == 40)
+            .collect();
+        assert_eq!(
+            by_frames,
+            vec![(vec!["work".to_string(), "main".to_string()], 40)]
+        );
+    }
+
     #[test]
     fn frame_index_names_every_frame() {
         let mut p = labelled();

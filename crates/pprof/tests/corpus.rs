@@ -296,6 +296,13 @@ fn every_expectation_matches_exactly() {
         let want = expected(exp);
         match load_pprof(&row.file) {
             Ok((p, n)) => {
+                // Each profile's samples come in stack id order, the order
+                // a block stores them in (a head cut takes them as given).
+                for x in &n.profiles {
+                    if !x.samples.is_sorted_by(|a, b| a.stack < b.stack) {
+                        failures.push(format!("{}: {} not in stack order", row.file, x.labels));
+                    }
+                }
                 let got = folded_of(&p, &n);
                 // CORPUS_DUMP=<dir> writes what we produce, for diffing.
                 if let Some(dir) = std::env::var_os("CORPUS_DUMP") {
