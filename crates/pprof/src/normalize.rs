@@ -1451,9 +1451,6 @@ mod tests {
         );
     }
 
-    /// Every stack's frames by index name its locations, in order; a
-    /// location the pprof lists twice (two ids, same content) is one
-    /// location with one index.
     /// Every profile's samples come in stack id order (the order a block
     /// stores them), whatever order the pprof gives them in, each type's
     /// values with their stacks, zeros left out.
@@ -1501,6 +1498,9 @@ mod tests {
         );
     }
 
+    /// Every stack's frames by index name its locations, in order; a
+    /// location the pprof lists twice (two ids, same content) is one
+    /// location with one index.
     #[test]
     fn frame_index_names_every_frame() {
         let mut p = labelled();
