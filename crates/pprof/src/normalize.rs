@@ -1470,32 +1470,38 @@ mod tests {
             sample(vec![2, 2, 1], vec![5, 50]),
         ];
         let n = normalize(&p, &NormalizeOptions::default()).expect("normalizes");
-        assert_eq!(n.profiles.len(), 2);
-        for (x, values) in n
-            .profiles
-            .iter()
-            .zip([vec![1, 2, 4, 5], vec![10, 20, 30, 40, 50]])
-        {
-            let stacks: Vec<Id> = x.samples.iter().map(|s| s.stack).collect();
-            let mut sorted = stacks.clone();
-            sorted.sort_unstable();
-            sorted.dedup();
-            assert_eq!(stacks, sorted, "{} in stack order", x.profile_type);
-            let mut got: Vec<i64> = x.samples.iter().map(|s| s.value).collect();
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // Each type's (frames, value) pairs, zeros left out.
+        let want = [
+            vec![
+                (f(&["main"]), 1),
+                (f(&["main", "work"]), 2),
+                (f(&["main", "work", "work"]), 5),
+                (f(&["work", "main"]), 4),
+            ],
+            vec![
+                (f(&["main"]), 10),
+                (f(&["main", "work"]), 20),
+                (f(&["main", "work", "work"]), 50),
+                (f(&["work"]), 30),
+                (f(&["work", "main"]), 40),
+            ],
+        ];
+        assert_eq!(n.profiles.len(), want.len());
+        for (x, want) in n.profiles.iter().zip(want) {
+            assert!(
+                x.samples.is_sorted_by(|a, b| a.stack < b.stack),
+                "{} not in stack order",
+                x.profile_type
+            );
+            let mut got: Vec<(Vec<String>, i64)> = x
+                .samples
+                .iter()
+                .map(|s| (n.symbols.frames(&s.stack), s.value))
+                .collect();
             got.sort_unstable();
-            assert_eq!(got, values, "{}", x.profile_type);
+            assert_eq!(got, want, "{}", x.profile_type);
         }
-        // Each value stays with its stack.
-        let by_frames: Vec<(Vec<String>, i64)> = n.profiles[1]
-            .samples
-            .iter()
-            .map(|s| (n.symbols.frames(&s.stack), s.value))
-            .filter(|(_, v)| *v == 40)
-            .collect();
-        assert_eq!(
-            by_frames,
-            vec![(vec!["work".to_string(), "main".to_string()], 40)]
-        );
     }
 
     /// Every stack's frames by index name its locations, in order; a
