@@ -27,6 +27,7 @@
 //! that no reader sees (the compactor deletes them later); a reader that
 //! finds a newer format version refuses the block with an error.
 
+mod idcol;
 mod index;
 mod meta;
 mod read;

@@ -10,11 +10,14 @@ use bytes::Bytes;
 use fathom_model::{Id, Profile, SERVICE_NAME, Sample, Symbols};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_writer::{ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
+use crate::idcol::{IdChunk, PAGE_ROWS};
 use crate::meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 use crate::schema::*;
 use crate::{Error, Result, block_file, files};
@@ -142,6 +145,12 @@ pub struct BlockData {
     pub rollup_widths_nanos: Vec<i64>,
 }
 
+/// Rows a block file's row group holds at most.
+const ROW_GROUP_ROWS: usize = 1 << 20;
+
+/// The zstd level of every block file.
+const ZSTD_LEVEL: i32 = 3;
+
 /// How a block file's rows are laid out, which decides its writer
 /// settings ([`props`]).
 #[derive(Clone, Copy)]
@@ -177,11 +186,14 @@ enum Rows {
 fn props(rows: Rows) -> WriterProperties {
     let b = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(ZSTD_LEVEL).unwrap_or_default(),
+        ))
         .set_dictionary_enabled(true)
         // Large dictionaries keep 16-byte ids dictionary-encoded.
         .set_dictionary_page_size_limit(64 << 20)
-        .set_max_row_group_row_count(Some(1 << 20));
+        .set_data_page_row_count_limit(PAGE_ROWS)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
     match rows {
         Rows::Sorted => b
             .set_statistics_enabled(EnabledStatistics::Page)
@@ -200,13 +212,168 @@ fn props(rows: Rows) -> WriterProperties {
 }
 
 fn to_parquet(schema: SchemaRef, batches: &[RecordBatch], rows: Rows) -> Result<Bytes> {
-    let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props(rows)))?;
+    let mut w = FileWriter::new(schema, rows)?;
     for b in batches {
         w.write(b)?;
     }
-    w.close()?;
-    Ok(Bytes::from(buf))
+    w.finish()
+}
+
+/// Whether `field` of a file of `rows` is a 16-byte id column that is
+/// dictionary-encoded and keeps no statistics ([`props`]): the columns
+/// [`IdChunk`] encodes.
+fn plain_id_column(rows: Rows, field: &arrow::datatypes::Field) -> bool {
+    field.data_type() == &ID
+        && match rows {
+            Rows::Sorted => field.name() == columns::STACK_ID,
+            Rows::Keyed(key) => field.name() != key,
+        }
+}
+
+/// A block file's writer: parquet-rs's Arrow column writers, but for the
+/// id columns [`IdChunk`] encodes ([`plain_id_column`]), with the
+/// settings of [`props`] and row groups of [`ROW_GROUP_ROWS`] rows, as
+/// `ArrowWriter` makes them.
+struct FileWriter {
+    file: SerializedFileWriter<Vec<u8>>,
+    columns: ArrowRowGroupWriterFactory,
+    schema: SchemaRef,
+    rows: Rows,
+    /// Rows a row group holds ([`ROW_GROUP_ROWS`]; fewer in tests).
+    group_rows: usize,
+    /// The row group being written, and how many came before it.
+    group: Option<RowGroup>,
+    groups: usize,
+}
+
+/// The chunks of one row group, a field each.
+struct RowGroup {
+    chunks: Vec<Chunk>,
+    rows: usize,
+}
+
+enum Chunk {
+    /// The field's leaves, through parquet-rs.
+    Arrow(Vec<ArrowColumnWriter>),
+    Ids(IdChunk),
+}
+
+impl FileWriter {
+    fn new(schema: SchemaRef, rows: Rows) -> Result<Self> {
+        let (file, columns) = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props(rows)))?
+            .into_serialized_writer()?;
+        Ok(FileWriter {
+            file,
+            columns,
+            schema,
+            rows,
+            group_rows: ROW_GROUP_ROWS,
+            group: None,
+            groups: 0,
+        })
+    }
+
+    fn row_group(&self) -> Result<RowGroup> {
+        let descr = self.file.schema_descr();
+        let mut chunks: Vec<Chunk> = Vec::with_capacity(self.schema.fields().len());
+        let mut field = None;
+        for (leaf, w) in self
+            .columns
+            .create_column_writers(self.groups)?
+            .into_iter()
+            .enumerate()
+        {
+            let root = descr.get_column_root_idx(leaf);
+            let same = field == Some(root);
+            field = Some(root);
+            match chunks.last_mut() {
+                Some(Chunk::Arrow(ws)) if same => ws.push(w),
+                _ if plain_id_column(self.rows, self.schema.field(root)) => {
+                    chunks.push(Chunk::Ids(IdChunk::new(descr.column(leaf), ZSTD_LEVEL)))
+                }
+                _ => chunks.push(Chunk::Arrow(vec![w])),
+            }
+        }
+        Ok(RowGroup { chunks, rows: 0 })
+    }
+
+    /// Writes `b`'s rows, which must have the file's schema.
+    fn write(&mut self, b: &RecordBatch) -> Result<()> {
+        if b.schema().fields() != self.schema.fields() {
+            return Err(parquet::errors::ParquetError::General(
+                "a batch's schema differs from its file's".into(),
+            )
+            .into());
+        }
+        let mut done = 0;
+        while done < b.num_rows() {
+            let mut group = match self.group.take() {
+                Some(g) => g,
+                None => self.row_group()?,
+            };
+            let n = (b.num_rows() - done).min(self.group_rows - group.rows);
+            let part = b.slice(done, n);
+            for ((field, col), chunk) in self
+                .schema
+                .fields()
+                .iter()
+                .zip(part.columns())
+                .zip(&mut group.chunks)
+            {
+                match chunk {
+                    Chunk::Arrow(ws) => {
+                        for (w, leaf) in ws.iter_mut().zip(compute_leaves(field, col)?) {
+                            w.write(&leaf)?;
+                        }
+                    }
+                    Chunk::Ids(ids) => {
+                        ids.push(col.as_fixed_size_binary_opt().ok_or_else(|| {
+                            parquet::errors::ParquetError::General(format!(
+                                "column {}: ids must be fixed-size binary",
+                                field.name()
+                            ))
+                        })?)?
+                    }
+                }
+            }
+            group.rows += n;
+            done += n;
+            if group.rows >= self.group_rows {
+                self.flush(group)?;
+            } else {
+                self.group = Some(group);
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, group: RowGroup) -> Result<()> {
+        let mut rg = self.file.next_row_group()?;
+        for chunk in group.chunks {
+            match chunk {
+                Chunk::Arrow(ws) => {
+                    for w in ws {
+                        w.close()?.append_to_row_group(&mut rg)?;
+                    }
+                }
+                Chunk::Ids(ids) => {
+                    let (bytes, close) = ids.finish()?;
+                    rg.append_column(&bytes, close)?;
+                }
+            }
+        }
+        rg.close()?;
+        self.groups += 1;
+        Ok(())
+    }
+
+    /// The file's bytes, footer and all.
+    fn finish(mut self) -> Result<Bytes> {
+        if let Some(group) = self.group.take().filter(|g| g.rows > 0) {
+            self.flush(group)?;
+        }
+        Ok(Bytes::from(self.file.into_inner()?))
+    }
 }
 
 /// 16-byte ids laid end to end in `bytes`, as an array (no nulls).
@@ -386,7 +553,7 @@ fn encode_rows(
     // (shared, not copied) only when it is wanted.
     let mut kept = Vec::new();
     let mut sample_rows = 0u64;
-    let mut w = ArrowWriter::try_new(Vec::new(), samples_schema(), Some(props(Rows::Sorted)))?;
+    let mut w = FileWriter::new(samples_schema(), Rows::Sorted)?;
     for b in samples {
         let b = b?;
         sample_rows += b.num_rows() as u64;
@@ -395,7 +562,7 @@ fn encode_rows(
             kept.push(b);
         }
     }
-    let samples_pq = Bytes::from(w.into_inner()?);
+    let samples_pq = w.finish()?;
 
     let rollup_pq = if rollup_widths.is_empty() {
         None
@@ -806,5 +973,145 @@ mod tests {
             "{:?}",
             r.map(|(m, _)| m.id)
         );
+    }
+
+    /// Samples whose stack ids repeat in runs of 1 to 20 rows (a run of
+    /// 8 or more is written as one value, the rest bit-packed, runs
+    /// falling at every offset of a group of 8) and are mostly distinct
+    /// (more than 2^16 ids: indexes of 17 bits), in batches that do not
+    /// end where a row group does.
+    fn id_runs(rows: usize) -> Vec<RecordBatch> {
+        let mut b = SamplesBuilder::with_capacity(rows);
+        let mut k = 0u32;
+        while b.len() < rows {
+            let mut stack = [0u8; 16];
+            stack[..4].copy_from_slice(&k.to_le_bytes());
+            for _ in 0..=(k % 20).min((rows - b.len() - 1) as u32) {
+                let series = Id([(b.len() / 40_000) as u8; 16]);
+                b.push(
+                    &series,
+                    7,
+                    &Id([(k / 100) as u8; 16]),
+                    &Id(stack),
+                    i64::from(k),
+                );
+            }
+            k += 1;
+        }
+        let all = b.finish();
+        (0..rows)
+            .step_by(7_001)
+            .map(|at| all.slice(at, 7_001.min(rows - at)))
+            .collect()
+    }
+
+    fn read_all(bytes: &Bytes, schema: SchemaRef) -> RecordBatch {
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+                .unwrap()
+                .build()
+                .unwrap();
+        let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+        arrow::compute::concat_batches(&schema, &batches).unwrap()
+    }
+
+    /// Ids encoded by [`IdChunk`] read back as they were written and as
+    /// parquet-rs's own writer stores them, across row groups and pages,
+    /// dictionary-encoded, with an offset index that a reader selecting
+    /// rows by page follows; the other columns keep their statistics.
+    #[test]
+    fn id_chunks_read_back_as_parquet_rs_writes_them() {
+        use parquet::arrow::arrow_reader::{
+            ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+        };
+        let rows = 130_003;
+        let batches = id_runs(rows);
+        let mut w = FileWriter::new(samples_schema(), Rows::Sorted).unwrap();
+        w.group_rows = 50_000;
+        for b in &batches {
+            w.write(b).unwrap();
+        }
+        let ours = w.finish().unwrap();
+        let props = WriterProperties::builder()
+            .set_writer_version(WriterVersion::PARQUET_2_0)
+            .set_dictionary_page_size_limit(64 << 20)
+            .set_max_row_group_row_count(Some(50_000))
+            .build();
+        let mut theirs = ArrowWriter::try_new(Vec::new(), samples_schema(), Some(props)).unwrap();
+        for b in &batches {
+            theirs.write(b).unwrap();
+        }
+        let theirs = Bytes::from(theirs.into_inner().unwrap());
+
+        let want = arrow::compute::concat_batches(&samples_schema(), &batches).unwrap();
+        assert_eq!(read_all(&ours, samples_schema()), want);
+        assert_eq!(read_all(&theirs, samples_schema()), want);
+
+        let opts = ArrowReaderOptions::new()
+            .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Required);
+        let b = ParquetRecordBatchReaderBuilder::try_new_with_options(ours.clone(), opts).unwrap();
+        let meta = b.metadata().clone();
+        assert_eq!(meta.num_row_groups(), 3);
+        let offsets = meta.offset_index().expect("an offset index");
+        for (g, rg) in meta.row_groups().iter().enumerate() {
+            let stack = rg.column(3);
+            assert!(stack.dictionary_page_offset().is_some(), "row group {g}");
+            assert!(stack.statistics().is_none(), "row group {g}");
+            let encodings: Vec<_> = stack.encodings().collect();
+            assert!(
+                encodings.contains(&Encoding::RLE_DICTIONARY),
+                "{encodings:?}"
+            );
+            assert!(
+                rg.column(0).statistics().is_some(),
+                "series ids keep theirs"
+            );
+            let pages = offsets[g][3].page_locations();
+            assert_eq!(pages.len(), (rg.num_rows() as usize).div_ceil(PAGE_ROWS));
+            assert_eq!(pages[1].first_row_index, PAGE_ROWS as i64);
+        }
+        // Rows from the middle of the second row group's third page on:
+        // the reader skips pages by the offset index.
+        let from = 50_000 + 2 * PAGE_ROWS + 17;
+        let selection =
+            RowSelection::from(vec![RowSelector::skip(from), RowSelector::select(1_000)]);
+        let picked: Vec<RecordBatch> = b
+            .with_row_selection(selection)
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap())
+            .collect();
+        let picked = arrow::compute::concat_batches(&samples_schema(), &picked).unwrap();
+        assert_eq!(picked, want.slice(from, 1_000));
+    }
+
+    /// A chunk of one distinct id (indexes of 0 bits) and a keyed file's
+    /// other id columns read back as written.
+    #[test]
+    fn a_single_id_and_keyed_files_read_back() {
+        let same = rows(&[(1, 5, 2, 9); 30]);
+        let mut w = FileWriter::new(samples_schema(), Rows::Sorted).unwrap();
+        w.write(&same).unwrap();
+        assert_eq!(read_all(&w.finish().unwrap(), samples_schema()), same);
+
+        let profiles = RecordBatch::try_new(
+            profiles_schema(),
+            vec![
+                ids([Id([1; 16]), Id([2; 16]), Id([3; 16])].iter()),
+                ids([Id([9; 16]), Id([9; 16]), Id([8; 16])].iter()),
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+                Arc::new(Int64Array::from(vec![4, 5, 6])),
+                Arc::new(Int64Array::from(vec![7, 8, 9])),
+                Arc::new(UInt64Array::from(vec![10, 11, 12])),
+            ],
+        )
+        .unwrap();
+        let bytes = to_parquet(
+            profiles_schema(),
+            std::slice::from_ref(&profiles),
+            Rows::Keyed(columns::PROFILE_ID),
+        )
+        .unwrap();
+        assert_eq!(read_all(&bytes, profiles_schema()), profiles);
     }
 }
