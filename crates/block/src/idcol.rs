@@ -1,7 +1,7 @@
 //! A block file's 16-byte id columns that are dictionary-encoded and keep
 //! no statistics (a sample's `stack_id`, a location's `mapping_id`, a
-//! profile's `series_id`, ...), encoded here instead of by parquet-rs's
-//! generic column writer.
+//! profile's `series_id`, a stack's `location_ids`, ...), encoded here
+//! instead of by parquet-rs's generic column writer.
 //!
 //! A reader sees what parquet-rs writes for such a column: one
 //! dictionary page of the distinct ids (PLAIN, in the order they first
@@ -14,7 +14,7 @@
 //! (docs/benchmarks.md, "Issue 13, thirty-sixth session"); here a value
 //! is one lookup of 16 bytes in a map of [`Id`]s.
 
-use arrow::array::{Array, FixedSizeBinaryArray};
+use arrow::array::{Array, AsArray, FixedSizeBinaryArray, ListArray};
 use bytes::Bytes;
 use fathom_model::{Id, IdMap};
 use parquet::basic::{Compression, Encoding, PageType, ZstdLevel};
@@ -30,6 +30,11 @@ use parquet::schema::types::ColumnDescPtr;
 /// other columns of a file keep).
 pub(crate) const PAGE_ROWS: usize = 20_000;
 
+/// Ids a data page of a list column holds at most (about 1 MiB of
+/// indexes, parquet-rs's default page size), so that a page of long
+/// lists stays small enough to skip.
+const PAGE_VALUES: usize = 1 << 19;
+
 /// Values a bit-packed run holds at most: 63 groups of 8, so that its
 /// header is one byte, as every writer makes it.
 const PACKED_RUN: usize = 63 * 8;
@@ -39,8 +44,21 @@ const MIN_REPEAT: usize = 8;
 
 type Result<T> = std::result::Result<T, ParquetError>;
 
-/// One row group's chunk of a `FIXED_LEN_BYTE_ARRAY(16)` column, without
-/// nulls: ids are taken as they come and encoded by [`IdChunk::finish`].
+/// Whether [`IdChunk`] can encode column `descr`: 16-byte ids, not
+/// null, alone (no levels) or as the items of a list that is not null
+/// (repetition and definition levels of at most 1).
+pub(crate) fn encodes(descr: &ColumnDescPtr) -> bool {
+    descr.physical_type() == parquet::basic::Type::FIXED_LEN_BYTE_ARRAY
+        && descr.type_length() == 16
+        && matches!(
+            (descr.max_def_level(), descr.max_rep_level()),
+            (0, 0) | (1, 1)
+        )
+}
+
+/// One row group's chunk of a `FIXED_LEN_BYTE_ARRAY(16)` column (or of
+/// the items of a list column of them, [`encodes`]), without nulls: ids
+/// are taken as they come and encoded by [`IdChunk::finish`].
 pub(crate) struct IdChunk {
     descr: ColumnDescPtr,
     level: i32,
@@ -48,25 +66,81 @@ pub(crate) struct IdChunk {
     index: IdMap<u32>,
     /// The distinct ids, 16 bytes each, in the order they came.
     dictionary: Vec<u8>,
-    /// Each row's dictionary index.
+    /// Each id's dictionary index, row after row.
     keys: Vec<u32>,
+    /// For a list column, the ids of each row.
+    lens: Option<Vec<u32>>,
 }
 
 impl IdChunk {
-    /// An empty chunk of column `descr`, compressed with zstd at `level`.
+    /// An empty chunk of column `descr` ([`encodes`]), compressed with
+    /// zstd at `level`.
     pub(crate) fn new(descr: ColumnDescPtr, level: i32) -> Self {
+        let lens = (descr.max_rep_level() > 0).then(Vec::new);
         IdChunk {
             descr,
             level,
             index: IdMap::default(),
             dictionary: Vec::new(),
             keys: Vec::new(),
+            lens,
         }
+    }
+
+    /// Appends the rows of `a`: an array of 16-byte ids, or of lists of
+    /// them, as the column is; without nulls. Nothing is appended from
+    /// an array of another type.
+    pub(crate) fn push_array(&mut self, a: &dyn Array) -> Result<()> {
+        let wrong = || {
+            ParquetError::General(format!(
+                "column {}: an array of {} where {} are written",
+                self.descr.path(),
+                a.data_type(),
+                if self.lens.is_some() {
+                    "lists of ids"
+                } else {
+                    "ids"
+                }
+            ))
+        };
+        match &self.lens {
+            None => self.push(a.as_fixed_size_binary_opt().ok_or_else(wrong)?),
+            Some(_) => {
+                let list = a.as_list_opt::<i32>().ok_or_else(wrong)?;
+                self.push_lists(list)
+            }
+        }
+    }
+
+    fn push_lists(&mut self, list: &ListArray) -> Result<()> {
+        if list.null_count() > 0 {
+            return Err(ParquetError::General(format!(
+                "column {}: {} null lists",
+                self.descr.path(),
+                list.null_count()
+            )));
+        }
+        let offsets = list.value_offsets();
+        let (Some(first), Some(last)) = (offsets.first(), offsets.last()) else {
+            return Ok(());
+        };
+        let items = list
+            .values()
+            .as_fixed_size_binary_opt()
+            .ok_or_else(|| ParquetError::General("list items are not ids".into()))?;
+        // Offsets of a valid list array never decrease and stay within
+        // its values.
+        let (first, last) = (*first as usize, *last as usize);
+        self.push(&items.slice(first, last - first))?;
+        if let Some(lens) = &mut self.lens {
+            lens.extend(offsets.windows(2).map(|w| (w[1] - w[0]) as u32));
+        }
+        Ok(())
     }
 
     /// Appends every id of `a`, which must be 16 bytes wide and hold no
     /// null; nothing is appended otherwise.
-    pub(crate) fn push(&mut self, a: &FixedSizeBinaryArray) -> Result<()> {
+    fn push(&mut self, a: &FixedSizeBinaryArray) -> Result<()> {
         if a.value_size() != 16 || a.null_count() > 0 {
             return Err(ParquetError::General(format!(
                 "column {}: ids must be 16 bytes and not null (got {} bytes, {} nulls)",
@@ -102,7 +176,7 @@ impl IdChunk {
     /// (`SerializedRowGroupWriter::append_column`). Fails on a chunk
     /// without rows.
     pub(crate) fn finish(self) -> Result<(Bytes, ColumnCloseResult)> {
-        if self.keys.is_empty() {
+        if self.rows() == 0 {
             return Err(ParquetError::General(format!(
                 "column {}: a chunk without rows",
                 self.descr.path()
@@ -130,27 +204,58 @@ impl IdChunk {
         compressed += dictionary.compressed_size as u64;
         uncompressed += dictionary.uncompressed_size as u64;
 
-        let mut locations = Vec::with_capacity(self.keys.len().div_ceil(PAGE_ROWS));
+        let mut locations = Vec::new();
         let mut raw = Vec::new();
-        for (i, rows) in self.keys.chunks(PAGE_ROWS).enumerate() {
+        let mut levels = Vec::new();
+        let (mut row, mut key) = (0, 0);
+        for page in self.pages() {
+            let keys = &self.keys[key..key + page.ids];
             raw.clear();
             raw.push(width as u8);
-            encode_keys(rows, width, &mut raw);
-            // At most PAGE_ROWS rows: fits.
-            let n = rows.len() as u32;
+            encode_keys(keys, width, &mut raw);
+            let values = Bytes::from(zstd.compress(&raw)?);
+            // Levels (a list column's): each row's first id at
+            // repetition 0 and the others at 1; an id at definition 1,
+            // an empty list a 0 at both.
+            let (buf, rep, def, entries) = match &self.lens {
+                None => (values, 0, 0, page.ids),
+                Some(lens) => {
+                    let lens = &lens[row..row + page.rows];
+                    levels.clear();
+                    for &n in lens {
+                        levels.push(0);
+                        levels.extend(std::iter::repeat_n(1, (n as usize).saturating_sub(1)));
+                    }
+                    let entries = levels.len();
+                    let mut buf = Vec::with_capacity(values.len() + entries / 4);
+                    encode_keys(&levels, 1, &mut buf);
+                    let rep = buf.len();
+                    levels.clear();
+                    for &n in lens {
+                        levels.extend(std::iter::repeat_n(u32::from(n > 0), (n as usize).max(1)));
+                    }
+                    encode_keys(&levels, 1, &mut buf);
+                    let def = buf.len() - rep;
+                    buf.extend_from_slice(&values);
+                    (Bytes::from(buf), rep, def, entries)
+                }
+            };
+            let count = |n: usize| {
+                u32::try_from(n).map_err(|_| ParquetError::General("page too large".into()))
+            };
             let spec = pages.write_page(CompressedPage::new(
                 Page::DataPageV2 {
-                    buf: Bytes::from(zstd.compress(&raw)?),
-                    num_values: n,
+                    num_values: count(entries)?,
                     encoding: Encoding::RLE_DICTIONARY,
-                    num_nulls: 0,
-                    num_rows: n,
-                    def_levels_byte_len: 0,
-                    rep_levels_byte_len: 0,
+                    num_nulls: count(entries - page.ids)?,
+                    num_rows: count(page.rows)?,
+                    def_levels_byte_len: count(def)?,
+                    rep_levels_byte_len: count(rep)?,
                     is_compressed: true,
                     statistics: None,
+                    buf,
                 },
-                raw.len(),
+                rep + def + raw.len(),
             ))?;
             compressed += spec.compressed_size as u64;
             uncompressed += spec.uncompressed_size as u64;
@@ -158,14 +263,20 @@ impl IdChunk {
                 offset: spec.offset as i64,
                 compressed_page_size: i32::try_from(spec.compressed_size)
                     .map_err(|_| ParquetError::General("page too large".into()))?,
-                first_row_index: (i * PAGE_ROWS) as i64,
+                first_row_index: row as i64,
             });
+            row += page.rows;
+            key += page.ids;
         }
         pages.close()?;
         let bytes = Bytes::from(sink.into_inner()?);
         debug_assert_eq!(bytes.len() as u64, compressed);
 
         let data_pages = locations.len();
+        // Level entries: an empty list counts one.
+        let values = self.lens.as_ref().map_or(self.keys.len(), |lens| {
+            lens.iter().map(|&n| (n as usize).max(1)).sum()
+        });
         let metadata = ColumnChunkMetaData::builder(self.descr.clone())
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(self.level)?))
             .set_encodings(vec![
@@ -188,7 +299,7 @@ impl IdChunk {
             ])
             .set_total_compressed_size(compressed as i64)
             .set_total_uncompressed_size(uncompressed as i64)
-            .set_num_values(self.keys.len() as i64)
+            .set_num_values(values as i64)
             .set_dictionary_page_offset(Some(dictionary.offset as i64))
             .set_data_page_offset(locations.first().map_or(0, |l| l.offset))
             .build()?;
@@ -196,7 +307,7 @@ impl IdChunk {
             bytes,
             ColumnCloseResult {
                 bytes_written: compressed,
-                rows_written: self.keys.len() as u64,
+                rows_written: self.rows() as u64,
                 metadata,
                 bloom_filter: None,
                 column_index: None,
@@ -206,6 +317,48 @@ impl IdChunk {
                 }),
             },
         ))
+    }
+}
+
+/// The rows and ids of a data page.
+struct PageSpan {
+    rows: usize,
+    ids: usize,
+}
+
+impl IdChunk {
+    fn rows(&self) -> usize {
+        self.lens.as_ref().map_or(self.keys.len(), Vec::len)
+    }
+
+    /// The chunk's data pages: [`PAGE_ROWS`] rows each, and for a list
+    /// column no more rows than make [`PAGE_VALUES`] ids (a row more than
+    /// that alone).
+    fn pages(&self) -> Vec<PageSpan> {
+        let Some(lens) = &self.lens else {
+            return self
+                .keys
+                .chunks(PAGE_ROWS)
+                .map(|c| PageSpan {
+                    rows: c.len(),
+                    ids: c.len(),
+                })
+                .collect();
+        };
+        let mut out = Vec::new();
+        let mut page = PageSpan { rows: 0, ids: 0 };
+        for &n in lens {
+            let n = n as usize;
+            if page.rows > 0 && (page.rows == PAGE_ROWS || page.ids + n > PAGE_VALUES) {
+                out.push(std::mem::replace(&mut page, PageSpan { rows: 0, ids: 0 }));
+            }
+            page.rows += 1;
+            page.ids += n;
+        }
+        if page.rows > 0 {
+            out.push(page);
+        }
+        out
     }
 }
 

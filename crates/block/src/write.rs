@@ -17,7 +17,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersi
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
-use crate::idcol::{IdChunk, PAGE_ROWS};
+use crate::idcol::{self, IdChunk, PAGE_ROWS};
 use crate::meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 use crate::schema::*;
 use crate::{Error, Result, block_file, files};
@@ -219,15 +219,18 @@ fn to_parquet(schema: SchemaRef, batches: &[RecordBatch], rows: Rows) -> Result<
     w.finish()
 }
 
-/// Whether `field` of a file of `rows` is a 16-byte id column that is
-/// dictionary-encoded and keeps no statistics ([`props`]): the columns
-/// [`IdChunk`] encodes.
+/// Whether `field` of a file of `rows` is a column of 16-byte ids, or of
+/// lists of them, that is dictionary-encoded and keeps no statistics
+/// ([`props`]): the columns [`IdChunk`] encodes.
 fn plain_id_column(rows: Rows, field: &arrow::datatypes::Field) -> bool {
-    field.data_type() == &ID
-        && match rows {
-            Rows::Sorted => field.name() == columns::STACK_ID,
-            Rows::Keyed(key) => field.name() != key,
-        }
+    let ids = match field.data_type() {
+        arrow::datatypes::DataType::List(item) => item.data_type() == &ID,
+        t => t == &ID,
+    };
+    ids && match rows {
+        Rows::Sorted => field.name() == columns::STACK_ID,
+        Rows::Keyed(key) => field.name() != key,
+    }
 }
 
 /// A block file's writer: parquet-rs's Arrow column writers, but for the
@@ -288,7 +291,10 @@ impl FileWriter {
             field = Some(root);
             match chunks.last_mut() {
                 Some(Chunk::Arrow(ws)) if same => ws.push(w),
-                _ if plain_id_column(self.rows, self.schema.field(root)) => {
+                _ if !same
+                    && plain_id_column(self.rows, self.schema.field(root))
+                    && idcol::encodes(&descr.column(leaf)) =>
+                {
                     chunks.push(Chunk::Ids(IdChunk::new(descr.column(leaf), ZSTD_LEVEL)))
                 }
                 _ => chunks.push(Chunk::Arrow(vec![w])),
@@ -326,14 +332,7 @@ impl FileWriter {
                             w.write(&leaf)?;
                         }
                     }
-                    Chunk::Ids(ids) => {
-                        ids.push(col.as_fixed_size_binary_opt().ok_or_else(|| {
-                            parquet::errors::ParquetError::General(format!(
-                                "column {}: ids must be fixed-size binary",
-                                field.name()
-                            ))
-                        })?)?
-                    }
+                    Chunk::Ids(ids) => ids.push_array(col)?,
                 }
             }
             group.rows += n;
@@ -1113,5 +1112,69 @@ mod tests {
         )
         .unwrap();
         assert_eq!(read_all(&bytes, profiles_schema()), profiles);
+    }
+
+    /// Lists of ids encoded by [`IdChunk`] (empty ones, short ones, one
+    /// longer than a page's ids) read back as written, across pages cut
+    /// by rows and by ids, with an offset index a reader follows.
+    #[test]
+    fn id_lists_read_back_as_written() {
+        use parquet::arrow::arrow_reader::{
+            ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+        };
+        let rows = 60_000u32;
+        let id = |k: u32| {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&(k % 70_001).to_le_bytes());
+            Id(b)
+        };
+        let lists: Vec<Vec<Id>> = (0..rows)
+            .map(|r| {
+                let n = if r == 30_000 {
+                    (1 << 19) + 5
+                } else {
+                    r * 7 % 41
+                };
+                // Runs of one id now and then (a location repeated).
+                (0..n).map(|i| id(r * 13 + i - i % (r % 3 + 1))).collect()
+            })
+            .collect();
+        let stacks = RecordBatch::try_new(
+            stacks_schema(),
+            vec![
+                ids((0..rows).map(id).collect::<Vec<_>>().iter()),
+                id_lists(lists.iter()).unwrap(),
+            ],
+        )
+        .unwrap();
+        let bytes = to_parquet(
+            stacks_schema(),
+            &[stacks.slice(0, 25_000), stacks.slice(25_000, 35_000)],
+            Rows::Keyed(columns::STACK_ID),
+        )
+        .unwrap();
+        assert_eq!(read_all(&bytes, stacks_schema()), stacks);
+
+        let opts = ArrowReaderOptions::new()
+            .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Required);
+        let b = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, opts).unwrap();
+        let meta = b.metadata().clone();
+        let chunk = meta.row_group(0).column(1);
+        assert!(chunk.dictionary_page_offset().is_some());
+        let pages = meta.offset_index().expect("an offset index")[0][1].page_locations();
+        assert!(pages.len() > 4, "{} pages", pages.len());
+        for w in pages.windows(2) {
+            assert!(w[0].first_row_index < w[1].first_row_index);
+        }
+        let from = pages[pages.len() - 2].first_row_index as usize + 11;
+        let selection = RowSelection::from(vec![RowSelector::skip(from), RowSelector::select(500)]);
+        let picked: Vec<RecordBatch> = b
+            .with_row_selection(selection)
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap())
+            .collect();
+        let picked = arrow::compute::concat_batches(&stacks_schema(), &picked).unwrap();
+        assert_eq!(picked, stacks.slice(from, 500));
     }
 }
