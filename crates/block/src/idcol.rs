@@ -17,12 +17,14 @@
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, ListArray};
 use bytes::Bytes;
 use fathom_model::{Id, IdMap};
+use parquet::basic::BoundaryOrder;
 use parquet::basic::{Compression, Encoding, PageType, ZstdLevel};
 use parquet::column::page::{CompressedPage, Page, PageWriter};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{ColumnChunkMetaData, PageEncodingStats};
+use parquet::file::metadata::{ColumnChunkMetaData, ColumnIndexBuilder, PageEncodingStats};
 use parquet::file::page_index::offset_index::{OffsetIndexMetaData, PageLocation};
+use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
@@ -56,17 +58,32 @@ pub(crate) fn encodes(descr: &ColumnDescPtr) -> bool {
         )
 }
 
+/// How [`IdChunk`] lays a column out, as the file's writer settings
+/// have it (`props` in write.rs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    /// Dictionary-encoded (`RLE_DICTIONARY` indexes), or PLAIN (each id
+    /// whole: a file's key column, whose ids never repeat).
+    pub dictionary: bool,
+    /// Minimum and maximum kept for the chunk and for each page (the
+    /// column index), where a reader can skip by them.
+    pub statistics: bool,
+}
+
 /// One row group's chunk of a `FIXED_LEN_BYTE_ARRAY(16)` column (or of
 /// the items of a list column of them, [`encodes`]), without nulls: ids
 /// are taken as they come and encoded by [`IdChunk::finish`].
 pub(crate) struct IdChunk {
     descr: ColumnDescPtr,
     level: i32,
-    /// The dictionary index of each id seen.
+    layout: Layout,
+    /// The dictionary index of each id seen (dictionary-encoded only).
     index: IdMap<u32>,
-    /// The distinct ids, 16 bytes each, in the order they came.
-    dictionary: Vec<u8>,
-    /// Each id's dictionary index, row after row.
+    /// The distinct ids, 16 bytes each, in the order they came; every
+    /// id, for a PLAIN column.
+    ids: Vec<u8>,
+    /// Each id's dictionary index, row after row (dictionary-encoded
+    /// only).
     keys: Vec<u32>,
     /// For a list column, the ids of each row.
     lens: Option<Vec<u32>>,
@@ -75,13 +92,14 @@ pub(crate) struct IdChunk {
 impl IdChunk {
     /// An empty chunk of column `descr` ([`encodes`]), compressed with
     /// zstd at `level`.
-    pub(crate) fn new(descr: ColumnDescPtr, level: i32) -> Self {
+    pub(crate) fn new(descr: ColumnDescPtr, level: i32, layout: Layout) -> Self {
         let lens = (descr.max_rep_level() > 0).then(Vec::new);
         IdChunk {
             descr,
             level,
+            layout,
             index: IdMap::default(),
-            dictionary: Vec::new(),
+            ids: Vec::new(),
             keys: Vec::new(),
             lens,
         }
@@ -149,6 +167,13 @@ impl IdChunk {
                 a.null_count()
             )));
         }
+        if !self.layout.dictionary {
+            self.ids.reserve(a.len() * 16);
+            for i in 0..a.len() {
+                self.ids.extend_from_slice(a.value(i));
+            }
+            return Ok(());
+        }
         self.keys.reserve(a.len());
         for i in 0..a.len() {
             let Some(id) = Id::from_slice(a.value(i)) else {
@@ -162,13 +187,40 @@ impl IdChunk {
                     let key = u32::try_from(next).map_err(|_| {
                         ParquetError::General("more than 2^32 distinct ids in a chunk".into())
                     })?;
-                    self.dictionary.extend_from_slice(&id.0);
+                    self.ids.extend_from_slice(&id.0);
                     *e.insert(key)
                 }
             };
             self.keys.push(key);
         }
         Ok(())
+    }
+
+    /// The chunk's ids, row after row.
+    fn id_count(&self) -> usize {
+        if self.layout.dictionary {
+            self.keys.len()
+        } else {
+            self.ids.len() / 16
+        }
+    }
+
+    /// The `i`th id of the chunk, row after row.
+    fn id(&self, i: usize) -> &[u8] {
+        let at = if self.layout.dictionary {
+            self.keys[i] as usize * 16
+        } else {
+            i * 16
+        };
+        &self.ids[at..at + 16]
+    }
+
+    /// The least and greatest of ids `from..to` (bytes compared as
+    /// unsigned, Parquet's order for fixed-length bytes).
+    fn min_max(&self, from: usize, to: usize) -> Option<(&[u8], &[u8])> {
+        let mut ids = (from..to).map(|i| self.id(i));
+        let first = ids.next()?;
+        Some(ids.fold((first, first), |(lo, hi), id| (lo.min(id), hi.max(id))))
     }
 
     /// The chunk's bytes (its pages, as they go in the file, from offset
@@ -182,7 +234,17 @@ impl IdChunk {
                 self.descr.path()
             )));
         }
-        let entries = self.dictionary.len() / 16;
+        let too_large = |what: &str| ParquetError::General(format!("{what} too large"));
+        let count = |n: usize| u32::try_from(n).map_err(|_| too_large("page"));
+        // A chunk of lists that are all empty has no id to index: its
+        // pages are PLAIN, with no values.
+        let dictionary = self.layout.dictionary && !self.keys.is_empty();
+        let data_encoding = if dictionary {
+            Encoding::RLE_DICTIONARY
+        } else {
+            Encoding::PLAIN
+        };
+        let entries = self.ids.len() / 16;
         // The width of the largest index; 0 for a single entry.
         let width = u32::BITS - (entries.saturating_sub(1) as u32).leading_zeros();
         let mut zstd = zstd::bulk::Compressor::new(self.level)?;
@@ -191,28 +253,40 @@ impl IdChunk {
         let mut compressed = 0u64;
         let mut uncompressed = 0u64;
 
-        let dictionary = pages.write_page(CompressedPage::new(
-            Page::DictionaryPage {
-                buf: Bytes::from(zstd.compress(&self.dictionary)?),
-                num_values: u32::try_from(entries)
-                    .map_err(|_| ParquetError::General("dictionary too large".into()))?,
-                encoding: Encoding::PLAIN,
-                is_sorted: false,
-            },
-            self.dictionary.len(),
-        ))?;
-        compressed += dictionary.compressed_size as u64;
-        uncompressed += dictionary.uncompressed_size as u64;
+        let mut dictionary_offset = None;
+        if dictionary {
+            let spec = pages.write_page(CompressedPage::new(
+                Page::DictionaryPage {
+                    buf: Bytes::from(zstd.compress(&self.ids)?),
+                    num_values: u32::try_from(entries).map_err(|_| too_large("dictionary"))?,
+                    encoding: Encoding::PLAIN,
+                    is_sorted: false,
+                },
+                self.ids.len(),
+            ))?;
+            compressed += spec.compressed_size as u64;
+            uncompressed += spec.uncompressed_size as u64;
+            dictionary_offset = Some(spec.offset as i64);
+        }
 
         let mut locations = Vec::new();
+        let mut column_index = self
+            .layout
+            .statistics
+            .then(|| ColumnIndexBuilder::new(parquet::basic::Type::FIXED_LEN_BYTE_ARRAY));
+        let (mut ascending, mut descending) = (true, true);
+        let mut last: Option<(&[u8], &[u8])> = None;
         let mut raw = Vec::new();
         let mut levels = Vec::new();
-        let (mut row, mut key) = (0, 0);
+        let (mut row, mut at) = (0, 0);
         for page in self.pages() {
-            let keys = &self.keys[key..key + page.ids];
             raw.clear();
-            raw.push(width as u8);
-            encode_keys(keys, width, &mut raw);
+            if dictionary {
+                raw.push(width as u8);
+                encode_keys(&self.keys[at..at + page.ids], width, &mut raw);
+            } else {
+                raw.extend_from_slice(&self.ids[at * 16..(at + page.ids) * 16]);
+            }
             let values = Bytes::from(zstd.compress(&raw)?);
             // Levels (a list column's): each row's first id at
             // repetition 0 and the others at 1; an id at definition 1,
@@ -240,13 +314,23 @@ impl IdChunk {
                     (Bytes::from(buf), rep, def, entries)
                 }
             };
-            let count = |n: usize| {
-                u32::try_from(n).map_err(|_| ParquetError::General("page too large".into()))
-            };
+            if let Some(index) = &mut column_index {
+                match self.min_max(at, at + page.ids) {
+                    Some((lo, hi)) => {
+                        if let Some((last_lo, last_hi)) = last {
+                            ascending &= last_lo <= lo && last_hi <= hi;
+                            descending &= last_lo >= lo && last_hi >= hi;
+                        }
+                        last = Some((lo, hi));
+                        index.append(false, lo.to_vec(), hi.to_vec(), 0);
+                    }
+                    None => index.append(true, Vec::new(), Vec::new(), count(entries)?.into()),
+                }
+            }
             let spec = pages.write_page(CompressedPage::new(
                 Page::DataPageV2 {
                     num_values: count(entries)?,
-                    encoding: Encoding::RLE_DICTIONARY,
+                    encoding: data_encoding,
                     num_nulls: count(entries - page.ids)?,
                     num_rows: count(page.rows)?,
                     def_levels_byte_len: count(def)?,
@@ -262,55 +346,77 @@ impl IdChunk {
             locations.push(PageLocation {
                 offset: spec.offset as i64,
                 compressed_page_size: i32::try_from(spec.compressed_size)
-                    .map_err(|_| ParquetError::General("page too large".into()))?,
+                    .map_err(|_| too_large("page"))?,
                 first_row_index: row as i64,
             });
             row += page.rows;
-            key += page.ids;
+            at += page.ids;
         }
         pages.close()?;
         let bytes = Bytes::from(sink.into_inner()?);
         debug_assert_eq!(bytes.len() as u64, compressed);
 
-        let data_pages = locations.len();
+        let data_pages = i32::try_from(locations.len()).map_err(|_| too_large("chunk"))?;
         // Level entries: an empty list counts one.
-        let values = self.lens.as_ref().map_or(self.keys.len(), |lens| {
+        let values = self.lens.as_ref().map_or(self.id_count(), |lens| {
             lens.iter().map(|&n| (n as usize).max(1)).sum()
         });
-        let metadata = ColumnChunkMetaData::builder(self.descr.clone())
+        let mut encodings = vec![Encoding::PLAIN, Encoding::RLE];
+        let mut encoding_stats = Vec::new();
+        if dictionary {
+            encodings.push(Encoding::RLE_DICTIONARY);
+            encoding_stats.push(PageEncodingStats {
+                page_type: PageType::DICTIONARY_PAGE,
+                encoding: Encoding::PLAIN,
+                count: 1,
+            });
+        }
+        encoding_stats.push(PageEncodingStats {
+            page_type: PageType::DATA_PAGE_V2,
+            encoding: data_encoding,
+            count: data_pages,
+        });
+        let mut metadata = ColumnChunkMetaData::builder(self.descr.clone())
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(self.level)?))
-            .set_encodings(vec![
-                Encoding::PLAIN,
-                Encoding::RLE,
-                Encoding::RLE_DICTIONARY,
-            ])
-            .set_page_encoding_stats(vec![
-                PageEncodingStats {
-                    page_type: PageType::DICTIONARY_PAGE,
-                    encoding: Encoding::PLAIN,
-                    count: 1,
-                },
-                PageEncodingStats {
-                    page_type: PageType::DATA_PAGE_V2,
-                    encoding: Encoding::RLE_DICTIONARY,
-                    count: i32::try_from(data_pages)
-                        .map_err(|_| ParquetError::General("too many pages".into()))?,
-                },
-            ])
+            .set_encodings(encodings)
+            .set_page_encoding_stats(encoding_stats)
             .set_total_compressed_size(compressed as i64)
             .set_total_uncompressed_size(uncompressed as i64)
             .set_num_values(values as i64)
-            .set_dictionary_page_offset(Some(dictionary.offset as i64))
-            .set_data_page_offset(locations.first().map_or(0, |l| l.offset))
-            .build()?;
+            .set_dictionary_page_offset(dictionary_offset)
+            .set_data_page_offset(locations.first().map_or(0, |l| l.offset));
+        if self.layout.statistics {
+            let (lo, hi) = match self.min_max(0, self.id_count()) {
+                Some((lo, hi)) => (Some(lo.to_vec().into()), Some(hi.to_vec().into())),
+                None => (None, None),
+            };
+            metadata = metadata.set_statistics(Statistics::fixed_len_byte_array(
+                lo,
+                hi,
+                None,
+                Some((values - self.id_count()) as u64),
+                false,
+            ));
+        }
+        let column_index = match column_index {
+            Some(mut index) => {
+                index.set_boundary_order(match (ascending, descending) {
+                    (true, _) => BoundaryOrder::ASCENDING,
+                    (false, true) => BoundaryOrder::DESCENDING,
+                    (false, false) => BoundaryOrder::UNORDERED,
+                });
+                Some(index.build()?)
+            }
+            None => None,
+        };
         Ok((
             bytes,
             ColumnCloseResult {
                 bytes_written: compressed,
                 rows_written: self.rows() as u64,
-                metadata,
+                metadata: metadata.build()?,
                 bloom_filter: None,
-                column_index: None,
+                column_index,
                 offset_index: Some(OffsetIndexMetaData {
                     page_locations: locations,
                     unencoded_byte_array_data_bytes: None,
@@ -328,7 +434,7 @@ struct PageSpan {
 
 impl IdChunk {
     fn rows(&self) -> usize {
-        self.lens.as_ref().map_or(self.keys.len(), Vec::len)
+        self.lens.as_ref().map_or(self.id_count(), Vec::len)
     }
 
     /// The chunk's data pages: [`PAGE_ROWS`] rows each, and for a list
@@ -336,12 +442,12 @@ impl IdChunk {
     /// that alone).
     fn pages(&self) -> Vec<PageSpan> {
         let Some(lens) = &self.lens else {
-            return self
-                .keys
-                .chunks(PAGE_ROWS)
-                .map(|c| PageSpan {
-                    rows: c.len(),
-                    ids: c.len(),
+            let n = self.id_count();
+            return (0..n)
+                .step_by(PAGE_ROWS)
+                .map(|from| {
+                    let rows = PAGE_ROWS.min(n - from);
+                    PageSpan { rows, ids: rows }
                 })
                 .collect();
         };

@@ -17,7 +17,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersi
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
-use crate::idcol::{self, IdChunk, PAGE_ROWS};
+use crate::idcol::{self, IdChunk, Layout, PAGE_ROWS};
 use crate::meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 use crate::schema::*;
 use crate::{Error, Result, block_file, files};
@@ -219,22 +219,35 @@ fn to_parquet(schema: SchemaRef, batches: &[RecordBatch], rows: Rows) -> Result<
     w.finish()
 }
 
-/// Whether `field` of a file of `rows` is a column of 16-byte ids, or of
-/// lists of them, that is dictionary-encoded and keeps no statistics
-/// ([`props`]): the columns [`IdChunk`] encodes.
-fn plain_id_column(rows: Rows, field: &arrow::datatypes::Field) -> bool {
-    let ids = match field.data_type() {
-        arrow::datatypes::DataType::List(item) => item.data_type() == &ID,
-        t => t == &ID,
+/// How [`IdChunk`] writes `field` of a file of `rows`, as [`props`] has
+/// it: every column of 16-byte ids, or of lists of them. `None` for the
+/// other columns, which parquet-rs writes.
+fn id_layout(rows: Rows, field: &arrow::datatypes::Field) -> Option<Layout> {
+    let list = match field.data_type() {
+        arrow::datatypes::DataType::List(item) if item.data_type() == &ID => true,
+        t if t == &ID => false,
+        _ => return None,
     };
-    ids && match rows {
-        Rows::Sorted => field.name() == columns::STACK_ID,
-        Rows::Keyed(key) => field.name() != key,
-    }
+    Some(match rows {
+        // Sorted files keep statistics on their leading ids.
+        Rows::Sorted if list => return None,
+        Rows::Sorted => Layout {
+            dictionary: true,
+            statistics: field.name() != columns::STACK_ID,
+        },
+        Rows::Keyed(key) if field.name() == key && !list => Layout {
+            dictionary: false,
+            statistics: true,
+        },
+        Rows::Keyed(_) => Layout {
+            dictionary: true,
+            statistics: false,
+        },
+    })
 }
 
 /// A block file's writer: parquet-rs's Arrow column writers, but for the
-/// id columns [`IdChunk`] encodes ([`plain_id_column`]), with the
+/// id columns [`IdChunk`] encodes ([`id_layout`]), with the
 /// settings of [`props`] and row groups of [`ROW_GROUP_ROWS`] rows, as
 /// `ArrowWriter` makes them.
 struct FileWriter {
@@ -291,13 +304,12 @@ impl FileWriter {
             field = Some(root);
             match chunks.last_mut() {
                 Some(Chunk::Arrow(ws)) if same => ws.push(w),
-                _ if !same
-                    && plain_id_column(self.rows, self.schema.field(root))
-                    && idcol::encodes(&descr.column(leaf)) =>
-                {
-                    chunks.push(Chunk::Ids(IdChunk::new(descr.column(leaf), ZSTD_LEVEL)))
-                }
-                _ => chunks.push(Chunk::Arrow(vec![w])),
+                _ => match id_layout(self.rows, self.schema.field(root)) {
+                    Some(layout) if !same && idcol::encodes(&descr.column(leaf)) => chunks.push(
+                        Chunk::Ids(IdChunk::new(descr.column(leaf), ZSTD_LEVEL, layout)),
+                    ),
+                    _ => chunks.push(Chunk::Arrow(vec![w])),
+                },
             }
         }
         Ok(RowGroup { chunks, rows: 0 })
@@ -1069,6 +1081,48 @@ mod tests {
             assert_eq!(pages.len(), (rg.num_rows() as usize).div_ceil(PAGE_ROWS));
             assert_eq!(pages[1].first_row_index, PAGE_ROWS as i64);
         }
+        // The leading ids keep the statistics parquet-rs keeps: the
+        // chunk's as its writer makes them, a page's from the page's rows.
+        let theirs_meta = ParquetRecordBatchReaderBuilder::try_new(theirs.clone())
+            .unwrap()
+            .metadata()
+            .clone();
+        let indexes = meta.column_index().expect("a column index");
+        let mut first = 0;
+        for (g, rg) in meta.row_groups().iter().enumerate() {
+            for c in [0, 2] {
+                assert_eq!(
+                    rg.column(c).statistics(),
+                    theirs_meta.row_group(g).column(c).statistics(),
+                    "row group {g}, column {c}"
+                );
+                let parquet::file::page_index::column_index::ColumnIndexMetaData::FIXED_LEN_BYTE_ARRAY(
+                    index,
+                ) = &indexes[g][c]
+                else {
+                    panic!("row group {g}, column {c}: {:?}", indexes[g][c]);
+                };
+                let pages = offsets[g][c].page_locations();
+                assert_eq!(index.num_pages(), pages.len() as u64);
+                for (p, page) in pages.iter().enumerate() {
+                    let from = first + page.first_row_index as usize;
+                    let to = pages
+                        .get(p + 1)
+                        .map_or(first + rg.num_rows() as usize, |n| {
+                            first + n.first_row_index as usize
+                        });
+                    let col = want.column(c).as_fixed_size_binary();
+                    let ids: Vec<&[u8]> = (from..to).map(|i| col.value(i)).collect();
+                    assert_eq!(index.min_value(p), ids.iter().min().copied());
+                    assert_eq!(index.max_value(p), ids.iter().max().copied());
+                }
+            }
+            first += rg.num_rows() as usize;
+        }
+        assert_eq!(
+            indexes[0][0].get_boundary_order(),
+            Some(parquet::basic::BoundaryOrder::ASCENDING)
+        );
         // Rows from the middle of the second row group's third page on:
         // the reader skips pages by the offset index.
         let from = 50_000 + 2 * PAGE_ROWS + 17;
@@ -1112,6 +1166,53 @@ mod tests {
         )
         .unwrap();
         assert_eq!(read_all(&bytes, profiles_schema()), profiles);
+        // The key column PLAIN, with the statistics parquet-rs keeps.
+        let mut theirs = ArrowWriter::try_new(
+            Vec::new(),
+            profiles_schema(),
+            Some(props(Rows::Keyed(columns::PROFILE_ID))),
+        )
+        .unwrap();
+        theirs.write(&profiles).unwrap();
+        let theirs = Bytes::from(theirs.into_inner().unwrap());
+        let meta = |b: &Bytes| {
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(b.clone())
+                .unwrap()
+                .metadata()
+                .clone()
+        };
+        let (ours, theirs) = (meta(&bytes), meta(&theirs));
+        let key = ours.row_group(0).column(0);
+        assert_eq!(key.dictionary_page_offset(), None);
+        assert_eq!(key.statistics(), theirs.row_group(0).column(0).statistics());
+        let encodings: Vec<_> = key.encodings().collect();
+        assert!(
+            !encodings.contains(&Encoding::RLE_DICTIONARY),
+            "{encodings:?}"
+        );
+        assert!(ours.row_group(0).column(1).statistics().is_none());
+    }
+
+    /// A chunk of lists that are all empty (locations none of which is
+    /// symbolized) reads back as empty lists.
+    #[test]
+    fn a_chunk_of_empty_lists_reads_back() {
+        let none: Vec<Vec<Id>> = vec![Vec::new(); 5];
+        let stacks = RecordBatch::try_new(
+            stacks_schema(),
+            vec![
+                ids((0..5u8).map(|b| Id([b; 16])).collect::<Vec<_>>().iter()),
+                id_lists(none.iter()).unwrap(),
+            ],
+        )
+        .unwrap();
+        let bytes = to_parquet(
+            stacks_schema(),
+            std::slice::from_ref(&stacks),
+            Rows::Keyed(columns::STACK_ID),
+        )
+        .unwrap();
+        assert_eq!(read_all(&bytes, stacks_schema()), stacks);
     }
 
     /// Lists of ids encoded by [`IdChunk`] (empty ones, short ones, one

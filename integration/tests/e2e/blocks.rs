@@ -11,7 +11,23 @@ metas = glob.glob(f"{store}/*/blocks/*/meta.json")
 samples = pq.read_table([m.replace("meta.json", "samples.parquet") for m in metas][0])
 series = pq.read_table([m.replace("meta.json", "series.parquet") for m in metas][0])
 funcs = pq.read_table([m.replace("meta.json", "functions.parquet") for m in metas][0])
+def table(name):
+    return pq.read_table([m.replace("meta.json", name + ".parquet") for m in metas][0])
+stacks, locations, mappings, profiles = (
+    table(n) for n in ["stacks", "locations", "mappings", "profiles"])
+ids = lambda t, c: set(t[c].to_pylist())
+items = lambda t, c: set(i for l in t[c].to_pylist() for i in l)
 print(json.dumps({
+    "file_rows": {n: table(n).num_rows for n in
+             ["samples", "profiles", "series", "stacks", "locations", "functions", "mappings"]},
+    "stacks_of_samples_stored": ids(samples, "stack_id") <= ids(stacks, "stack_id"),
+    "locations_of_stacks_stored": items(stacks, "location_ids") == ids(locations, "location_id"),
+    "functions_of_locations_stored":
+        items(locations, "line_function_ids") <= ids(funcs, "function_id"),
+    "mappings_of_locations_stored":
+        ids(locations, "mapping_id") - {bytes(16)} <= ids(mappings, "mapping_id"),
+    "series_of_profiles_stored": ids(profiles, "series_id") == ids(series, "series_id"),
+    "empty_stacks": sum(1 for l in stacks["location_ids"].to_pylist() if not l),
     "blocks": len(metas),
     "columns": samples.column_names,
     "rows": samples.num_rows,
@@ -72,6 +88,22 @@ fn flushed_blocks_open_with_pyarrow() {
         ])
     );
     assert_eq!(v["has_main"], true);
+    // Every file reads, and the ids one file names are the ids another
+    // holds: the id columns Fathom encodes itself (crates/block/src/
+    // idcol.rs) read in pyarrow as they were written.
+    for (file, rows) in v["file_rows"].as_object().unwrap() {
+        assert!(rows.as_u64().unwrap() > 0, "{file}: {v}");
+    }
+    for check in [
+        "stacks_of_samples_stored",
+        "locations_of_stacks_stored",
+        "functions_of_locations_stored",
+        "mappings_of_locations_stored",
+        "series_of_profiles_stored",
+    ] {
+        assert_eq!(v[check], true, "{check}: {v}");
+    }
+    assert_eq!(v["empty_stacks"], 0, "{v}");
 }
 
 /// `fathom all` runs a one-node metastore and the compactor: two flushed
