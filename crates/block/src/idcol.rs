@@ -167,17 +167,17 @@ impl IdChunk {
                 a.null_count()
             )));
         }
+        // The array's ids, end to end (its values start at its offset).
+        let data = a.value_data().get(..a.len() * 16).ok_or_else(|| {
+            ParquetError::General(format!("column {}: ids cut short", self.descr.path()))
+        })?;
         if !self.layout.dictionary {
-            self.ids.reserve(a.len() * 16);
-            for i in 0..a.len() {
-                self.ids.extend_from_slice(a.value(i));
-            }
+            self.ids.extend_from_slice(data);
             return Ok(());
         }
         self.keys.reserve(a.len());
-        for i in 0..a.len() {
-            let Some(id) = Id::from_slice(a.value(i)) else {
-                // Checked above: every value is 16 bytes.
+        for chunk in data.chunks_exact(16) {
+            let Ok(id) = <[u8; 16]>::try_from(chunk).map(Id) else {
                 continue;
             };
             let next = self.index.len();
@@ -216,11 +216,14 @@ impl IdChunk {
     }
 
     /// The least and greatest of ids `from..to` (bytes compared as
-    /// unsigned, Parquet's order for fixed-length bytes).
-    fn min_max(&self, from: usize, to: usize) -> Option<(&[u8], &[u8])> {
-        let mut ids = (from..to).map(|i| self.id(i));
+    /// unsigned, Parquet's order for fixed-length bytes: as big-endian
+    /// numbers).
+    fn min_max(&self, from: usize, to: usize) -> Option<([u8; 16], [u8; 16])> {
+        let number = |i| u128::from_be_bytes(self.id(i).try_into().unwrap_or_default());
+        let mut ids = (from..to).map(number);
         let first = ids.next()?;
-        Some(ids.fold((first, first), |(lo, hi), id| (lo.min(id), hi.max(id))))
+        let (lo, hi) = ids.fold((first, first), |(lo, hi), id| (lo.min(id), hi.max(id)));
+        Some((lo.to_be_bytes(), hi.to_be_bytes()))
     }
 
     /// The chunk's bytes (its pages, as they go in the file, from offset
@@ -275,7 +278,7 @@ impl IdChunk {
             .statistics
             .then(|| ColumnIndexBuilder::new(parquet::basic::Type::FIXED_LEN_BYTE_ARRAY));
         let (mut ascending, mut descending) = (true, true);
-        let mut last: Option<(&[u8], &[u8])> = None;
+        let mut last: Option<([u8; 16], [u8; 16])> = None;
         let mut raw = Vec::new();
         let mut levels = Vec::new();
         let (mut row, mut at) = (0, 0);
@@ -502,16 +505,23 @@ fn bit_pack(keys: &[u32], width: u32, out: &mut Vec<u8>) {
         let groups = run.len().div_ceil(8);
         // At most 63 groups: one byte.
         out.push(((groups << 1) | 1) as u8);
-        let mut acc = 0u64;
-        let mut bits = 0;
-        for j in 0..groups * 8 {
-            acc |= u64::from(run.get(j).copied().unwrap_or(0)) << bits;
-            bits += width;
-            while bits >= 8 {
-                out.push(acc as u8);
-                acc >>= 8;
-                bits -= 8;
+        for group in run.chunks(8) {
+            let mut padded = [0u32; 8];
+            padded[..group.len()].copy_from_slice(group);
+            // Eight values of `width` bits: whole bytes. At most 64 bits
+            // are held at once before the next value's 32.
+            let mut acc = 0u128;
+            let mut bits = 0;
+            for v in padded {
+                acc |= u128::from(v) << bits;
+                bits += width;
+                if bits >= 64 {
+                    out.extend_from_slice(&(acc as u64).to_le_bytes());
+                    acc >>= 64;
+                    bits -= 64;
+                }
             }
+            out.extend_from_slice(&acc.to_le_bytes()[..(bits / 8) as usize]);
         }
     }
 }

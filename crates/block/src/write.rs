@@ -444,8 +444,9 @@ pub fn samples_sorted(batches: &[RecordBatch]) -> bool {
     batches.iter().all(|b| order.extend(b))
 }
 
-/// The sort key of a sample row.
-type RowKey = ([u8; 16], i64, [u8; 16], [u8; 16]);
+/// The sort key of a sample row: its ids as big-endian numbers, which
+/// order as their bytes do.
+type RowKey = (u128, i64, u128, u128);
 
 /// Checks that sample rows come in the block's order, batch after batch.
 #[derive(Default)]
@@ -453,25 +454,40 @@ struct RowOrder {
     last: Option<RowKey>,
 }
 
+/// The ids of `a` as big-endian numbers; `None` unless `a` holds `rows`
+/// 16-byte ids.
+fn id_numbers(a: &FixedSizeBinaryArray, rows: usize) -> Option<impl Iterator<Item = u128> + '_> {
+    let data = a
+        .value_data()
+        .get(..rows.checked_mul(16)?)
+        .filter(|_| a.value_size() == 16 && arrow::array::Array::len(a) == rows)?;
+    Some(
+        data.chunks_exact(16)
+            .map(|c| u128::from_be_bytes(c.try_into().unwrap_or_default())),
+    )
+}
+
 impl RowOrder {
     /// Whether `b`'s rows come in order, after those seen before.
     fn extend(&mut self, b: &RecordBatch) -> bool {
+        let rows = b.num_rows();
         let (Some(series), Some(time), Some(profile), Some(stack)) = (
-            b.column(0).as_fixed_size_binary_opt(),
+            b.column(0)
+                .as_fixed_size_binary_opt()
+                .and_then(|a| id_numbers(a, rows)),
             b.column(1)
                 .as_primitive_opt::<arrow::datatypes::Int64Type>(),
-            b.column(2).as_fixed_size_binary_opt(),
-            b.column(3).as_fixed_size_binary_opt(),
+            b.column(2)
+                .as_fixed_size_binary_opt()
+                .and_then(|a| id_numbers(a, rows)),
+            b.column(3)
+                .as_fixed_size_binary_opt()
+                .and_then(|a| id_numbers(a, rows)),
         ) else {
             return false;
         };
-        let id = |a: &FixedSizeBinaryArray, i: usize| <[u8; 16]>::try_from(a.value(i)).ok();
-        for i in 0..b.num_rows() {
-            let (Some(se), Some(p), Some(st)) = (id(series, i), id(profile, i), id(stack, i))
-            else {
-                return false;
-            };
-            let key = (se, time.value(i), p, st);
+        for (((se, t), p), st) in series.zip(time.values().iter()).zip(profile).zip(stack) {
+            let key = (se, *t, p, st);
             if self.last.is_some_and(|l| l > key) {
                 return false;
             }
