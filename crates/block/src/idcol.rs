@@ -1,18 +1,21 @@
-//! A block file's 16-byte id columns that are dictionary-encoded and keep
-//! no statistics (a sample's `stack_id`, a location's `mapping_id`, a
-//! profile's `series_id`, a stack's `location_ids`, ...), encoded here
-//! instead of by parquet-rs's generic column writer.
+//! A block file's columns of 16-byte ids, and of lists of them (a
+//! sample's series, profile and stack, a stack's locations, a keyed
+//! file's key, ...), encoded here instead of by parquet-rs's generic
+//! column writer.
 //!
-//! A reader sees what parquet-rs writes for such a column: one
-//! dictionary page of the distinct ids (PLAIN, in the order they first
-//! come), then data pages of version 2 holding each row's index into it
-//! (`RLE_DICTIONARY`: a bit width, then runs of repeats and bit-packed
-//! groups), zstd-compressed, with an offset index. What differs is the
-//! cost a value: parquet-rs makes every fixed-length value a
-//! reference-counted `Bytes` of its own and interns it through a
-//! generic table, which was about half of an ingester's head cut
-//! (docs/benchmarks.md, "Issue 13, thirty-sixth session"); here a value
-//! is one lookup of 16 bytes in a map of [`Id`]s.
+//! A reader sees what parquet-rs writes for such a column with the
+//! block's writer settings: a dictionary page of the distinct ids
+//! (PLAIN, in the order they first come), then data pages of version 2
+//! holding each row's index into it (`RLE_DICTIONARY`: a bit width, then
+//! runs of repeats and bit-packed groups), or the ids themselves for a
+//! PLAIN key column; a list's repetition and definition levels; zstd;
+//! minimum and maximum for the chunk and each page where the settings
+//! keep statistics; an offset index. What differs is the cost a value:
+//! parquet-rs makes every fixed-length value a reference-counted `Bytes`
+//! of its own and interns it through a generic table, which was about
+//! half of an ingester's head cut (docs/benchmarks.md, "Issue 13,
+//! thirty-sixth session"); here a value is one lookup of 16 bytes in a
+//! map of [`Id`]s.
 
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, ListArray};
 use bytes::Bytes;
