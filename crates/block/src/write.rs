@@ -1042,15 +1042,39 @@ mod tests {
         arrow::compute::concat_batches(&schema, &batches).unwrap()
     }
 
+    /// `batch` as a file of `rows`, which reads back as `batch`.
+    fn written(batch: &RecordBatch, rows: Rows) -> Bytes {
+        let bytes = to_parquet(batch.schema(), std::slice::from_ref(batch), rows).unwrap();
+        assert_eq!(&read_all(&bytes, batch.schema()), batch);
+        bytes
+    }
+
+    /// Rows `from..from + n` of the file `b` reads, selected: a reader
+    /// with the page index skips the pages before them.
+    fn selected(
+        b: parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder<Bytes>,
+        schema: SchemaRef,
+        from: usize,
+        n: usize,
+    ) -> RecordBatch {
+        use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+        let selection = RowSelection::from(vec![RowSelector::skip(from), RowSelector::select(n)]);
+        let picked: Vec<RecordBatch> = b
+            .with_row_selection(selection)
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap())
+            .collect();
+        arrow::compute::concat_batches(&schema, &picked).unwrap()
+    }
+
     /// Ids encoded by [`IdChunk`] read back as they were written and as
     /// parquet-rs's own writer stores them, across row groups and pages,
     /// dictionary-encoded, with an offset index that a reader selecting
     /// rows by page follows; the other columns keep their statistics.
     #[test]
     fn id_chunks_read_back_as_parquet_rs_writes_them() {
-        use parquet::arrow::arrow_reader::{
-            ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
-        };
+        use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
         let rows = 130_003;
         let batches = id_runs(rows);
         let mut w = FileWriter::new(samples_schema(), Rows::Sorted).unwrap();
@@ -1142,16 +1166,10 @@ mod tests {
         // Rows from the middle of the second row group's third page on:
         // the reader skips pages by the offset index.
         let from = 50_000 + 2 * PAGE_ROWS + 17;
-        let selection =
-            RowSelection::from(vec![RowSelector::skip(from), RowSelector::select(1_000)]);
-        let picked: Vec<RecordBatch> = b
-            .with_row_selection(selection)
-            .build()
-            .unwrap()
-            .map(|b| b.unwrap())
-            .collect();
-        let picked = arrow::compute::concat_batches(&samples_schema(), &picked).unwrap();
-        assert_eq!(picked, want.slice(from, 1_000));
+        assert_eq!(
+            selected(b, samples_schema(), from, 1_000),
+            want.slice(from, 1_000)
+        );
     }
 
     /// A chunk of one distinct id (indexes of 0 bits) and a keyed file's
@@ -1175,13 +1193,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let bytes = to_parquet(
-            profiles_schema(),
-            std::slice::from_ref(&profiles),
-            Rows::Keyed(columns::PROFILE_ID),
-        )
-        .unwrap();
-        assert_eq!(read_all(&bytes, profiles_schema()), profiles);
+        let bytes = written(&profiles, Rows::Keyed(columns::PROFILE_ID));
         // The key column PLAIN, with the statistics parquet-rs keeps.
         let mut theirs = ArrowWriter::try_new(
             Vec::new(),
@@ -1222,13 +1234,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let bytes = to_parquet(
-            stacks_schema(),
-            std::slice::from_ref(&stacks),
-            Rows::Keyed(columns::STACK_ID),
-        )
-        .unwrap();
-        assert_eq!(read_all(&bytes, stacks_schema()), stacks);
+        written(&stacks, Rows::Keyed(columns::STACK_ID));
     }
 
     /// Lists of ids encoded by [`IdChunk`] (empty ones, short ones, one
@@ -1236,9 +1242,7 @@ mod tests {
     /// by rows and by ids, with an offset index a reader follows.
     #[test]
     fn id_lists_read_back_as_written() {
-        use parquet::arrow::arrow_reader::{
-            ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
-        };
+        use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
         let rows = 60_000u32;
         let id = |k: u32| {
             let mut b = [0u8; 16];
@@ -1284,14 +1288,9 @@ mod tests {
             assert!(w[0].first_row_index < w[1].first_row_index);
         }
         let from = pages[pages.len() - 2].first_row_index as usize + 11;
-        let selection = RowSelection::from(vec![RowSelector::skip(from), RowSelector::select(500)]);
-        let picked: Vec<RecordBatch> = b
-            .with_row_selection(selection)
-            .build()
-            .unwrap()
-            .map(|b| b.unwrap())
-            .collect();
-        let picked = arrow::compute::concat_batches(&stacks_schema(), &picked).unwrap();
-        assert_eq!(picked, stacks.slice(from, 500));
+        assert_eq!(
+            selected(b, stacks_schema(), from, 500),
+            stacks.slice(from, 500)
+        );
     }
 }
