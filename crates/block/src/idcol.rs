@@ -179,10 +179,17 @@ impl IdChunk {
             return Ok(());
         }
         self.keys.reserve(a.len());
+        // The last id and its index: a run of one id (a sample's series
+        // and profile come in runs) is looked up once.
+        let mut last: Option<(Id, u32)> = None;
         for chunk in data.chunks_exact(16) {
             let Ok(id) = <[u8; 16]>::try_from(chunk).map(Id) else {
                 continue;
             };
+            if let Some((_, key)) = last.filter(|(l, _)| *l == id) {
+                self.keys.push(key);
+                continue;
+            }
             let next = self.index.len();
             let key = match self.index.entry(id) {
                 std::collections::hash_map::Entry::Occupied(e) => *e.get(),
@@ -194,6 +201,7 @@ impl IdChunk {
                     *e.insert(key)
                 }
             };
+            last = Some((id, key));
             self.keys.push(key);
         }
         Ok(())
@@ -208,24 +216,32 @@ impl IdChunk {
         }
     }
 
-    /// The `i`th id of the chunk, row after row.
-    fn id(&self, i: usize) -> &[u8] {
-        let at = if self.layout.dictionary {
-            self.keys[i] as usize * 16
-        } else {
-            i * 16
-        };
-        &self.ids[at..at + 16]
-    }
-
     /// The least and greatest of ids `from..to` (bytes compared as
     /// unsigned, Parquet's order for fixed-length bytes: as big-endian
     /// numbers).
     fn min_max(&self, from: usize, to: usize) -> Option<([u8; 16], [u8; 16])> {
-        let number = |i| u128::from_be_bytes(self.id(i).try_into().unwrap_or_default());
-        let mut ids = (from..to).map(number);
-        let first = ids.next()?;
-        let (lo, hi) = ids.fold((first, first), |(lo, hi), id| (lo.min(id), hi.max(id)));
+        let number = |at: usize| {
+            let id = self.ids.get(at..at + 16).unwrap_or_default();
+            u128::from_be_bytes(id.try_into().unwrap_or_default())
+        };
+        let (lo, hi) = if self.layout.dictionary {
+            // A run of one index is one id.
+            let keys = self.keys.get(from..to)?;
+            let first = number(*keys.first()? as usize * 16);
+            let mut last = keys[0];
+            keys.iter().fold((first, first), |(lo, hi), &k| {
+                if k == last {
+                    return (lo, hi);
+                }
+                last = k;
+                let id = number(k as usize * 16);
+                (lo.min(id), hi.max(id))
+            })
+        } else {
+            let mut ids = (from..to).map(|i| number(i * 16));
+            let first = ids.next()?;
+            ids.fold((first, first), |(lo, hi), id| (lo.min(id), hi.max(id)))
+        };
         Some((lo.to_be_bytes(), hi.to_be_bytes()))
     }
 
