@@ -229,7 +229,8 @@ fn id_layout(rows: Rows, field: &arrow::datatypes::Field) -> Option<Layout> {
         _ => return None,
     };
     Some(match rows {
-        // Sorted files keep statistics on their leading ids.
+        // Sorted files hold no lists, and keep statistics on their
+        // leading ids (every id but the stack's).
         Rows::Sorted if list => return None,
         Rows::Sorted => Layout {
             dictionary: true,
