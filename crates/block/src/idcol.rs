@@ -27,6 +27,7 @@ use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, ColumnIndexBuilder, PageEncodingStats};
 use parquet::file::page_index::offset_index::{OffsetIndexMetaData, PageLocation};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
@@ -52,7 +53,7 @@ type Result<T> = std::result::Result<T, ParquetError>;
 /// Whether [`IdChunk`] can encode column `descr`: 16-byte ids, not
 /// null, alone (no levels) or as the items of a list that is not null
 /// (repetition and definition levels of at most 1).
-pub(crate) fn encodes(descr: &ColumnDescPtr) -> bool {
+fn encodes(descr: &ColumnDescPtr) -> bool {
     descr.physical_type() == parquet::basic::Type::FIXED_LEN_BYTE_ARRAY
         && descr.type_length() == 16
         && matches!(
@@ -61,8 +62,8 @@ pub(crate) fn encodes(descr: &ColumnDescPtr) -> bool {
         )
 }
 
-/// How [`IdChunk`] lays a column out, as the file's writer settings
-/// have it (`props` in write.rs).
+/// How [`IdChunk`] lays a column out: what the file's writer settings
+/// ask of it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Layout {
     /// Dictionary-encoded (`RLE_DICTIONARY` indexes), or PLAIN (each id
@@ -71,6 +72,28 @@ pub(crate) struct Layout {
     /// Minimum and maximum kept for the chunk and for each page (the
     /// column index), where a reader can skip by them.
     pub statistics: bool,
+}
+
+impl Layout {
+    /// The layout `props` ask of column `descr`, if [`IdChunk`] writes
+    /// it as parquet-rs would: a column that is dictionary-encoded or
+    /// PLAIN, with statistics for each page or none. `None` for anything
+    /// else, which parquet-rs writes itself.
+    pub(crate) fn of(props: &WriterProperties, descr: &ColumnDescPtr) -> Option<Layout> {
+        let path = descr.path();
+        let dictionary = props.dictionary_enabled(path);
+        let statistics = match props.statistics_enabled(path) {
+            EnabledStatistics::None => false,
+            EnabledStatistics::Page => true,
+            EnabledStatistics::Chunk => return None,
+        };
+        (encodes(descr) && (dictionary || props.encoding(path) == Some(Encoding::PLAIN))).then_some(
+            Layout {
+                dictionary,
+                statistics,
+            },
+        )
+    }
 }
 
 /// One row group's chunk of a `FIXED_LEN_BYTE_ARRAY(16)` column (or of
@@ -298,6 +321,8 @@ impl IdChunk {
             .then(|| ColumnIndexBuilder::new(parquet::basic::Type::FIXED_LEN_BYTE_ARRAY));
         let (mut ascending, mut descending) = (true, true);
         let mut last: Option<([u8; 16], [u8; 16])> = None;
+        // The chunk's least and greatest id: the pages'.
+        let mut bounds: Option<([u8; 16], [u8; 16])> = None;
         let mut raw = Vec::new();
         let mut levels = Vec::new();
         let (mut row, mut at) = (0, 0);
@@ -344,6 +369,7 @@ impl IdChunk {
                             descending &= last_lo >= lo && last_hi >= hi;
                         }
                         last = Some((lo, hi));
+                        bounds = Some(bounds.map_or((lo, hi), |(l, h)| (l.min(lo), h.max(hi))));
                         index.append(false, lo.to_vec(), hi.to_vec(), 0);
                     }
                     None => index.append(true, Vec::new(), Vec::new(), count(entries)?.into()),
@@ -408,7 +434,7 @@ impl IdChunk {
             .set_dictionary_page_offset(dictionary_offset)
             .set_data_page_offset(locations.first().map_or(0, |l| l.offset));
         if self.layout.statistics {
-            let (lo, hi) = match self.min_max(0, self.id_count()) {
+            let (lo, hi) = match bounds {
                 Some((lo, hi)) => (Some(lo.to_vec().into()), Some(hi.to_vec().into())),
                 None => (None, None),
             };

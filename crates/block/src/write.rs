@@ -17,7 +17,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersi
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
-use crate::idcol::{self, IdChunk, Layout, PAGE_ROWS};
+use crate::idcol::{IdChunk, Layout, PAGE_ROWS};
 use crate::meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 use crate::schema::*;
 use crate::{Error, Result, block_file, files};
@@ -219,43 +219,14 @@ fn to_parquet(schema: SchemaRef, batches: &[RecordBatch], rows: Rows) -> Result<
     w.finish()
 }
 
-/// How [`IdChunk`] writes `field` of a file of `rows`, as [`props`] has
-/// it: every column of 16-byte ids, or of lists of them. `None` for the
-/// other columns, which parquet-rs writes.
-fn id_layout(rows: Rows, field: &arrow::datatypes::Field) -> Option<Layout> {
-    let list = match field.data_type() {
-        arrow::datatypes::DataType::List(item) if item.data_type() == &ID => true,
-        t if t == &ID => false,
-        _ => return None,
-    };
-    Some(match rows {
-        // Sorted files hold no lists, and keep statistics on their
-        // leading ids (every id but the stack's).
-        Rows::Sorted if list => return None,
-        Rows::Sorted => Layout {
-            dictionary: true,
-            statistics: field.name() != columns::STACK_ID,
-        },
-        Rows::Keyed(key) if field.name() == key && !list => Layout {
-            dictionary: false,
-            statistics: true,
-        },
-        Rows::Keyed(_) => Layout {
-            dictionary: true,
-            statistics: false,
-        },
-    })
-}
-
 /// A block file's writer: parquet-rs's Arrow column writers, but for the
-/// id columns [`IdChunk`] encodes ([`id_layout`]), with the
+/// id columns [`IdChunk`] encodes ([`Layout::of`] the settings), with the
 /// settings of [`props`] and row groups of [`ROW_GROUP_ROWS`] rows, as
 /// `ArrowWriter` makes them.
 struct FileWriter {
     file: SerializedFileWriter<Vec<u8>>,
     columns: ArrowRowGroupWriterFactory,
     schema: SchemaRef,
-    rows: Rows,
     /// Rows a row group holds ([`ROW_GROUP_ROWS`]; fewer in tests).
     group_rows: usize,
     /// The row group being written, and how many came before it.
@@ -283,7 +254,6 @@ impl FileWriter {
             file,
             columns,
             schema,
-            rows,
             group_rows: ROW_GROUP_ROWS,
             group: None,
             groups: 0,
@@ -303,12 +273,14 @@ impl FileWriter {
             let root = descr.get_column_root_idx(leaf);
             let same = field == Some(root);
             field = Some(root);
+            let column = descr.column(leaf);
             match chunks.last_mut() {
                 Some(Chunk::Arrow(ws)) if same => ws.push(w),
-                _ => match id_layout(self.rows, self.schema.field(root)) {
-                    Some(layout) if !same && idcol::encodes(&descr.column(leaf)) => chunks.push(
-                        Chunk::Ids(IdChunk::new(descr.column(leaf), ZSTD_LEVEL, layout)),
-                    ),
+                // A field of ids (or of lists of them) is one leaf.
+                _ => match Layout::of(self.file.properties(), &column) {
+                    Some(layout) if !same => {
+                        chunks.push(Chunk::Ids(IdChunk::new(column, ZSTD_LEVEL, layout)))
+                    }
                     _ => chunks.push(Chunk::Arrow(vec![w])),
                 },
             }
@@ -1293,5 +1265,43 @@ mod tests {
             selected(b, stacks_schema(), from, 500),
             stacks.slice(from, 500)
         );
+    }
+
+    /// Every id column of every block file, and of lists of them, is
+    /// written by [`IdChunk`], as its file's settings have it: the sorted
+    /// files' ids dictionary-encoded with statistics but the stack's, a
+    /// keyed file's key PLAIN with statistics, its other ids
+    /// dictionary-encoded without.
+    #[test]
+    fn every_id_column_is_written_by_id_chunks() {
+        let files = [
+            (samples_schema(), Rows::Sorted),
+            (rollup_schema(), Rows::Sorted),
+            (profiles_schema(), Rows::Keyed(columns::PROFILE_ID)),
+            (series_schema(), Rows::Keyed(columns::SERIES_ID)),
+            (stacks_schema(), Rows::Keyed(columns::STACK_ID)),
+            (locations_schema(), Rows::Keyed(columns::LOCATION_ID)),
+            (functions_schema(), Rows::Keyed(columns::FUNCTION_ID)),
+            (mappings_schema(), Rows::Keyed(columns::MAPPING_ID)),
+        ];
+        let mut ids = 0;
+        for (schema, rows) in files {
+            let parquet = parquet::arrow::ArrowSchemaConverter::new()
+                .convert(&schema)
+                .unwrap();
+            let props = props(rows);
+            for column in parquet.columns() {
+                let name = &column.path().parts()[0];
+                let is_id = column.physical_type() == parquet::basic::Type::FIXED_LEN_BYTE_ARRAY;
+                let got = Layout::of(&props, column).map(|l| (l.dictionary, l.statistics));
+                let want = match rows {
+                    Rows::Sorted => (true, name != columns::STACK_ID),
+                    Rows::Keyed(key) => (name != key, name == key),
+                };
+                assert_eq!(got, is_id.then_some(want), "{}", column.path());
+                ids += usize::from(is_id);
+            }
+        }
+        assert_eq!(ids, 15);
     }
 }
