@@ -57,6 +57,12 @@ fn bench(c: &mut Criterion) {
 /// head gives them (`encode_sorted_block`, a batch of about 64 Ki rows at
 /// a time), the corpus's symbols once.
 fn cut_block() -> (BlockData, Vec<RecordBatch>, usize) {
+    cut_block_where(|_| true)
+}
+
+/// [`cut_block`] with only the profile copies `keep` takes (by their
+/// index in the order the copies are made).
+fn cut_block_where(keep: impl Fn(usize) -> bool) -> (BlockData, Vec<RecordBatch>, usize) {
     let opts = NormalizeOptions {
         labels: Labels::from_pairs([("service_name", "bench")]).unwrap(),
         ..Default::default()
@@ -79,7 +85,10 @@ fn cut_block() -> (BlockData, Vec<RecordBatch>, usize) {
     let mut rows = Vec::new();
     let mut runs = Vec::new();
     for copy in 0..CUT_COPIES {
-        for p in &profiles {
+        for (k, p) in profiles.iter().enumerate() {
+            if !keep(copy * profiles.len() + k) {
+                continue;
+            }
             let sid = p.series_id();
             let mut id = p.id;
             id.0[..2].copy_from_slice(&(copy as u16).to_le_bytes());
@@ -152,5 +161,54 @@ fn cut(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, cut);
+/// Replicas in [`compact`]; each misses a different one in
+/// [`MISSED_EVERY`] of the profile copies (a write acknowledged by the
+/// other two).
+const REPLICAS: usize = 3;
+const MISSED_EVERY: usize = 40;
+
+/// What the compactor does with the level-0 blocks of three replicas'
+/// cuts of [`cut_block`] (each a copy of its own, missing a different
+/// 1/[`MISSED_EVERY`] of the profiles): the merge (reading the blocks
+/// from an in-memory store, every profile once) and the encoding of
+/// the merged block with hour rollups. Samples a second counted in the
+/// merged block.
+fn compact(c: &mut Criterion) {
+    use object_store::memory::InMemory;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let store = InMemory::new();
+    let mut metas = Vec::new();
+    let mut stored = 0;
+    for r in 0..REPLICAS {
+        let (data, batches, samples) =
+            cut_block_where(|k| k % MISSED_EVERY != r * (MISSED_EVERY / REPLICAS));
+        let (meta, files) = encode_sorted_block(&data, batches).expect("encode");
+        rt.block_on(fathom_block::write_block(&store, &meta, files))
+            .expect("store");
+        stored += samples;
+        metas.push(meta);
+    }
+    let compacted = || {
+        let (mut data, duplicates) = rt
+            .block_on(fathom_compactor::merge(&store, &metas))
+            .expect("merge");
+        data.rollup_widths_nanos = vec![fathom_block::HOUR_NANOS];
+        let (meta, _) = fathom_block::encode_block(&data).expect("encode merged");
+        (meta, duplicates)
+    };
+    let (meta, duplicates) = compacted();
+    println!(
+        "info: compaction of {REPLICAS} replicas' blocks: {stored} samples in, {} out ({} bytes), {duplicates} duplicate profiles",
+        meta.stats.samples, meta.stats.bytes
+    );
+    let mut g = c.benchmark_group("compactor");
+    g.throughput(Throughput::Elements(meta.stats.samples));
+    g.sample_size(10);
+    g.bench_function("merge_replicas", |b| b.iter(|| compacted().0.stats.bytes));
+    g.finish();
+}
+
+criterion_group!(benches, bench, cut, compact);
 criterion_main!(benches);
