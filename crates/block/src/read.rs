@@ -67,18 +67,36 @@ async fn read_file(
     meta: &BlockMeta,
     file: &'static str,
 ) -> Result<Vec<RecordBatch>> {
+    read_file_in(store, meta, file, DEFAULT_ROWS).await
+}
+
+/// Rows a batch [`read_file`] gives (parquet-rs's default).
+const DEFAULT_ROWS: usize = 1024;
+
+/// Rows a batch of samples [`read_samples`] gives: a block's millions of
+/// rows in a few hundred batches, not thousands.
+const SAMPLE_ROWS: usize = 1 << 16;
+
+async fn read_file_in(
+    store: &dyn ObjectStore,
+    meta: &BlockMeta,
+    file: &'static str,
+    rows: usize,
+) -> Result<Vec<RecordBatch>> {
     let bytes: Bytes = store
         .get(&block_file(&meta.tenant, &meta.id, file))
         .await?
         .bytes()
         .await?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?
+        .with_batch_size(rows)
+        .build()?;
     Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
 /// Every sample row of a block, in [`crate::samples_schema`] (compaction).
 pub async fn read_samples(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<Vec<RecordBatch>> {
-    read_file(store, meta, files::SAMPLES).await
+    read_file_in(store, meta, files::SAMPLES, SAMPLE_ROWS).await
 }
 
 fn corrupt(meta: &BlockMeta, file: &'static str, what: impl Into<String>) -> Error {
@@ -105,12 +123,39 @@ fn id_at(a: &FixedSizeBinaryArray, i: usize) -> Id {
     Id::from_slice(a.value(i)).unwrap_or(Id::ZERO)
 }
 
+/// Where row `i`'s items lie in `list`'s values: read from the offsets,
+/// without the array of its own that `ListArray::value` makes a row.
+fn items(list: &ListArray, i: usize) -> std::ops::Range<usize> {
+    let offsets = list.value_offsets();
+    let at = |k: usize| {
+        offsets
+            .get(k)
+            .and_then(|&o| usize::try_from(o).ok())
+            .unwrap_or(0)
+    };
+    let (start, end) = (at(i), at(i + 1));
+    start..end.max(start)
+}
+
+/// The ids of row `i` of a list of ids, copied from the values' bytes.
 fn ids_of(list: &ListArray, i: usize) -> Vec<Id> {
-    let v = list.value(i);
-    match v.as_fixed_size_binary_opt() {
-        Some(a) => (0..a.len()).map(|j| id_at(a, j)).collect(),
-        None => Vec::new(),
-    }
+    let Some(values) = list
+        .values()
+        .as_fixed_size_binary_opt()
+        .filter(|a| a.value_size() == 16)
+    else {
+        return Vec::new();
+    };
+    let r = items(list, i);
+    values
+        .value_data()
+        .get(r.start * 16..r.end * 16)
+        .map(|b| {
+            b.chunks_exact(16)
+                .map(|c| Id::from_slice(c).unwrap_or(Id::ZERO))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The series of a block.
@@ -222,16 +267,17 @@ pub async fn read_symbols(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<S
         let addr = col::<UInt64Array>(&b, 2, meta, f)?;
         let fns = col::<ListArray>(&b, 3, meta, f)?;
         let lines = col::<ListArray>(&b, 4, meta, f)?;
+        let nums = lines.values().as_primitive_opt::<Int64Type>();
+        s.locations.reserve(b.num_rows());
         for i in 0..b.num_rows() {
             let fids = ids_of(fns, i);
-            let nums = lines.value(i);
-            let nums = nums.as_primitive_opt::<Int64Type>();
+            let row = nums.and_then(|n| n.values().get(items(lines, i)));
             let lines = fids
                 .iter()
                 .enumerate()
                 .map(|(j, f)| Line {
                     function: *f,
-                    line: nums.map(|n| n.value(j)).unwrap_or(0),
+                    line: row.and_then(|r| r.get(j)).copied().unwrap_or(0),
                 })
                 .collect();
             s.locations.insert(
@@ -248,6 +294,7 @@ pub async fn read_symbols(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<S
     for b in read_file(store, meta, f).await? {
         let id = col::<FixedSizeBinaryArray>(&b, 0, meta, f)?;
         let locs = col::<ListArray>(&b, 1, meta, f)?;
+        s.stacks.reserve(b.num_rows());
         for i in 0..b.num_rows() {
             s.stacks.insert(
                 id_at(id, i),

@@ -18,6 +18,7 @@
 //! leaking a second copy.
 
 pub mod import;
+mod runs;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -294,7 +295,7 @@ pub async fn merge(
     let mut seen: HashSet<Id> = HashSet::new();
     let mut profiles: Vec<ProfileRow> = Vec::new();
     let mut series: BTreeMap<Id, SeriesRow> = BTreeMap::new();
-    let mut samples: Vec<RecordBatch> = Vec::new();
+    let mut rows: Vec<runs::Source> = Vec::with_capacity(sources.len());
     let mut symbols = Symbols::default();
     let mut duplicates = 0u64;
     for b in sources {
@@ -316,23 +317,18 @@ pub async fn merge(
                 })
                 .or_insert(s);
         }
-        for batch in fathom_block::read_samples(store, b).await? {
-            if dup.is_empty() {
-                samples.push(batch);
-                continue;
-            }
-            let pid = id_col(&batch, columns::PROFILE_ID)?;
-            let keep: BooleanArray = (0..pid.len())
-                .map(|i| Some(!Id::from_slice(pid.value(i)).is_some_and(|id| dup.contains(&id))))
-                .collect();
-            let kept = arrow::compute::filter_record_batch(&batch, &keep)
-                .map_err(|e| Error::Task(e.to_string()))?;
-            if kept.num_rows() > 0 {
-                samples.push(kept);
-            }
-        }
-        symbols.merge(&fathom_block::read_symbols(store, b).await?);
+        rows.push(runs::Source {
+            batches: fathom_block::read_samples(store, b).await?,
+            dup,
+        });
+        symbols.merge_owned(fathom_block::read_symbols(store, b).await?);
     }
+    let samples = match runs::merge_sorted(&rows).map_err(|e| Error::Task(e.to_string()))? {
+        Some(merged) => merged,
+        // Rows out of the block's order: the duplicates filtered out
+        // here, the rest sorted by the encoder.
+        None => without_duplicates(rows)?,
+    };
     let level = sources.iter().map(|b| b.level).max().unwrap_or(0) + 1;
     Ok((
         BlockData {
@@ -348,6 +344,29 @@ pub async fn merge(
         },
         duplicates,
     ))
+}
+
+/// Every source's rows but those of its duplicate profiles, as they come.
+fn without_duplicates(sources: Vec<runs::Source>) -> Result<Vec<RecordBatch>, Error> {
+    let mut samples = Vec::new();
+    for s in sources {
+        for batch in s.batches {
+            if s.dup.is_empty() {
+                samples.push(batch);
+                continue;
+            }
+            let pid = id_col(&batch, columns::PROFILE_ID)?;
+            let keep: BooleanArray = (0..pid.len())
+                .map(|i| Some(!Id::from_slice(pid.value(i)).is_some_and(|id| s.dup.contains(&id))))
+                .collect();
+            let kept = arrow::compute::filter_record_batch(&batch, &keep)
+                .map_err(|e| Error::Task(e.to_string()))?;
+            if kept.num_rows() > 0 {
+                samples.push(kept);
+            }
+        }
+    }
+    Ok(samples)
 }
 
 /// The rollup bucket widths of a block written by a job of `level`: hours
@@ -955,6 +974,39 @@ mod tests {
                 .unwrap();
             assert!(left.is_empty(), "{} still has {} files", m.id, left.len());
         }
+    }
+
+    /// Sources that overlap as replicas do: the merged rows come sorted
+    /// (no sort left to the encoder), each profile once with the first
+    /// source's rows.
+    #[tokio::test]
+    async fn merged_rows_are_sorted_and_each_profile_the_first_sources() {
+        let store = object_store::memory::InMemory::new();
+        let metas = vec![
+            block(&store, &[(1, T0 + 1, 10), (2, T0 + 2, 20), (3, T0 + 3, 30)]).await,
+            block(&store, &[(2, T0 + 2, 21), (3, T0 + 3, 31), (4, T0 + 4, 41)]).await,
+            block(&store, &[(1, T0 + 1, 12), (4, T0 + 4, 42), (5, T0 + 5, 52)]).await,
+        ];
+        let (data, duplicates) = merge(&store, &metas).await.unwrap();
+        assert_eq!(duplicates, 4);
+        assert!(fathom_block::samples_sorted(&data.samples));
+        let mut got = Vec::new();
+        for b in &data.samples {
+            let pid = id_col(b, columns::PROFILE_ID).unwrap();
+            let v = b
+                .column_by_name(columns::VALUE)
+                .and_then(|c| c.as_any().downcast_ref::<arrow::array::Int64Array>())
+                .unwrap();
+            for i in 0..b.num_rows() {
+                got.push((Id::from_slice(pid.value(i)).unwrap(), v.value(i)));
+            }
+        }
+        got.sort();
+        let want: Vec<(Id, i64)> = [(1, 10), (2, 20), (3, 30), (4, 41), (5, 52)]
+            .into_iter()
+            .map(|(p, v)| (Id::from_u128(p), v))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[tokio::test]
