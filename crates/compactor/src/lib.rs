@@ -1009,6 +1009,37 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// The fallback for sources out of the block's order: a source's
+    /// duplicate profiles' rows are filtered out, the rest kept as they
+    /// come (the encoder sorts them).
+    #[test]
+    fn sources_out_of_order_lose_their_duplicates_rows() {
+        use fathom_model::Sample;
+        let (p1, p2, s) = (Id::from_u128(1), Id::from_u128(2), Id::from_u128(9));
+        let sample = |value| vec![Sample { stack: s, value }];
+        let (a, b) = (sample(10), sample(20));
+        // Profile 2 before profile 1: out of order.
+        let batch =
+            fathom_block::samples_batch(2, [(&s, T0 + 2, &p2, &b[..]), (&s, T0 + 1, &p1, &a[..])]);
+        assert!(!fathom_block::samples_sorted(std::slice::from_ref(&batch)));
+        let source = |dup: &[Id]| runs::Source {
+            batches: vec![batch.clone()],
+            dup: dup.iter().copied().collect(),
+        };
+        let kept = without_duplicates(vec![source(&[]), source(&[p2])]).unwrap();
+        let profiles: Vec<Id> = kept
+            .iter()
+            .flat_map(|b| {
+                let pid = id_col(b, columns::PROFILE_ID).unwrap();
+                (0..b.num_rows())
+                    .map(|i| Id::from_slice(pid.value(i)).unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(profiles, vec![p2, p1, p1]);
+        assert!(runs::merge_sorted(&[source(&[])]).unwrap().is_none());
+    }
+
     #[tokio::test]
     async fn a_job_taken_again_writes_the_same_block() {
         let dir = tempfile::tempdir().unwrap();
