@@ -20,13 +20,13 @@
 pub mod import;
 mod runs;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, BooleanArray, FixedSizeBinaryArray, RecordBatch};
 use fathom_block::{BlockData, BlockMeta, ProfileRow, SeriesRow, block_dir, columns};
-use fathom_model::{Id, IdHasher, Symbols};
+use fathom_model::{Id, IdHasher, IdSet, Symbols};
 use futures::TryStreamExt;
 use object_store::{ObjectStore, ObjectStoreExt};
 use prometheus_client::metrics::counter::Counter;
@@ -292,14 +292,14 @@ pub async fn merge(
         .first()
         .map(|b| b.tenant.clone())
         .ok_or_else(|| Error::Task("a job without blocks".into()))?;
-    let mut seen: HashSet<Id> = HashSet::new();
+    let mut seen = IdSet::default();
     let mut profiles: Vec<ProfileRow> = Vec::new();
     let mut series: BTreeMap<Id, SeriesRow> = BTreeMap::new();
     let mut rows: Vec<runs::Source> = Vec::with_capacity(sources.len());
     let mut symbols = Symbols::default();
     let mut duplicates = 0u64;
     for b in sources {
-        let mut dup: HashSet<Id> = HashSet::new();
+        let mut dup = IdSet::default();
         for p in fathom_block::read_profiles(store, b).await? {
             if seen.insert(p.profile_id) {
                 profiles.push(p);

@@ -5,15 +5,14 @@
 //! The merge takes whole runs, smallest (series, time, profile) first,
 //! and drops a run whose profile an earlier source holds: each profile
 //! once, and rows already in the order the merged block stores them, so
-//! the encoder does not sort them again. A run is looked at once, not
-//! each of its rows, and rows are copied only once, into the output.
-
-use std::collections::HashSet;
+//! the encoder does not sort them again. A run's profile is looked up
+//! once, not each of its rows' ids, and rows are copied only once, into
+//! the output.
 
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use arrow::error::ArrowError;
-use fathom_model::Id;
+use fathom_model::{Id, IdSet};
 
 /// Rows of an output batch, at least (a batch ends with a run).
 const OUT_ROWS: usize = 1 << 16;
@@ -22,7 +21,7 @@ const OUT_ROWS: usize = 1 << 16;
 /// earlier source holds (left out).
 pub(crate) struct Source {
     pub(crate) batches: Vec<RecordBatch>,
-    pub(crate) dup: HashSet<Id>,
+    pub(crate) dup: IdSet,
 }
 
 /// The key columns of one batch: 16-byte ids as their bytes.
@@ -33,9 +32,9 @@ struct Keys<'a> {
     rows: usize,
 }
 
-/// A profile's place in the order: series, time, profile (ids as
-/// big-endian numbers, which order as their bytes do).
-type RunKey = (u128, i64, u128);
+/// A profile's place in the order: series, time, profile (ids as their
+/// bytes, the order the block's sort declares).
+type RunKey<'a> = (&'a [u8], i64, &'a [u8]);
 
 fn id_bytes(a: &FixedSizeBinaryArray, rows: usize) -> Option<&[u8]> {
     if a.value_size() != 16 || a.len() != rows || a.null_count() != 0 {
@@ -47,12 +46,6 @@ fn id_bytes(a: &FixedSizeBinaryArray, rows: usize) -> Option<&[u8]> {
 /// The bytes of the id at `row`.
 fn id_at(ids: &[u8], row: usize) -> &[u8] {
     &ids[row * 16..row * 16 + 16]
-}
-
-fn number(ids: &[u8], row: usize) -> u128 {
-    ids.get(row * 16..row * 16 + 16)
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, u128::from_be_bytes)
 }
 
 impl<'a> Keys<'a> {
@@ -73,24 +66,19 @@ impl<'a> Keys<'a> {
         })
     }
 
-    fn key(&self, row: usize) -> RunKey {
+    fn key(&self, row: usize) -> RunKey<'a> {
         (
-            number(self.series, row),
+            id_at(self.series, row),
             self.time[row],
-            number(self.profile, row),
+            id_at(self.profile, row),
         )
-    }
-
-    fn same(&self, a: usize, b: usize) -> bool {
-        id_at(self.profile, a) == id_at(self.profile, b)
-            && self.time[a] == self.time[b]
-            && id_at(self.series, a) == id_at(self.series, b)
     }
 
     /// The end of the run that starts at `row`.
     fn run_end(&self, row: usize) -> usize {
+        let key = self.key(row);
         let mut end = row + 1;
-        while end < self.rows && self.same(row, end) {
+        while end < self.rows && self.key(end) == key {
             end += 1;
         }
         end
@@ -127,9 +115,9 @@ pub(crate) fn merge_sorted(sources: &[Source]) -> Result<Option<Vec<RecordBatch>
         at[s] = settle(k, at[s]);
     }
     let mut out = Output::default();
-    let mut last: Option<(RunKey, usize)> = None;
+    let mut last: Option<(RunKey<'_>, usize)> = None;
     loop {
-        let mut next: Option<(usize, RunKey)> = None;
+        let mut next: Option<(usize, RunKey<'_>)> = None;
         for (s, &(b, r)) in at.iter().enumerate() {
             if let Some(k) = keys[s].get(b).map(|k| k.key(r))
                 && next.is_none_or(|(_, best)| k < best)
@@ -143,8 +131,7 @@ pub(crate) fn merge_sorted(sources: &[Source]) -> Result<Option<Vec<RecordBatch>
         // A profile an earlier source holds; or, in a source that does
         // not list it, a run of a profile another source gave already.
         let dup = (!sources[s].dup.is_empty()
-            && Id::from_slice(id_at(keys[s][b].profile, r))
-                .is_some_and(|id| sources[s].dup.contains(&id)))
+            && Id::from_slice(key.2).is_some_and(|id| sources[s].dup.contains(&id)))
             || last.is_some_and(|(k, from)| k == key && from != s);
         if !dup {
             out.take(sources, s, b, r, end)?;
@@ -236,7 +223,7 @@ mod tests {
     }
 
     /// (series, time, profile, stack, value) of every row.
-    fn rows(batches: &[RecordBatch]) -> Vec<(u128, i64, u128, u128, i64)> {
+    fn rows(batches: &[RecordBatch]) -> Vec<(Id, i64, Id, Id, i64)> {
         let mut out = Vec::new();
         for b in batches {
             let k = Keys::of(b).unwrap();
@@ -244,7 +231,8 @@ mod tests {
             let value = b.column(4).as_primitive::<Int64Type>();
             for r in 0..b.num_rows() {
                 let (se, t, p) = k.key(r);
-                out.push((se, t, p, number(stack, r), value.value(r)));
+                let id = |b: &[u8]| Id::from_slice(b).unwrap();
+                out.push((id(se), t, id(p), id(id_at(stack, r)), value.value(r)));
             }
         }
         out
@@ -259,7 +247,7 @@ mod tests {
                 batch(&[(1, 10, 1, &[1, 2]), (1, 30, 3, &[1])]),
                 batch(&[(1, 30, 3, &[5, 9]), (2, 5, 7, &[2])]),
             ],
-            dup: HashSet::new(),
+            dup: IdSet::default(),
         };
         let b = Source {
             batches: vec![batch(&[
@@ -272,8 +260,8 @@ mod tests {
         let merged = merge_sorted(&[a, b]).unwrap().unwrap();
         assert!(fathom_block::samples_sorted(&merged));
         let got = rows(&merged);
-        let p = |n: u8| number(&id(n).0, 0);
-        let profiles: Vec<(u128, usize)> = [1u8, 2, 3, 6, 7]
+        let p = id;
+        let profiles: Vec<(Id, usize)> = [1u8, 2, 3, 6, 7]
             .iter()
             .map(|&n| (p(n), got.iter().filter(|r| r.2 == p(n)).count()))
             .collect();
@@ -292,16 +280,16 @@ mod tests {
         // first source's run is kept, the second's left out.
         let a = Source {
             batches: vec![batch(&[(1, 1, 4, &[1, 3])])],
-            dup: HashSet::new(),
+            dup: IdSet::default(),
         };
         let b = Source {
             batches: vec![batch(&[(1, 1, 4, &[2])])],
-            dup: HashSet::new(),
+            dup: IdSet::default(),
         };
         let got = rows(&merge_sorted(&[a, b]).unwrap().unwrap());
         assert_eq!(
             got.iter().map(|r| r.3).collect::<Vec<_>>(),
-            vec![number(&id(1).0, 0), number(&id(3).0, 0)]
+            vec![id(1), id(3)]
         );
     }
 
@@ -309,7 +297,7 @@ mod tests {
     fn unsorted_sources_are_left_to_the_caller() {
         let a = Source {
             batches: vec![batch(&[(2, 1, 1, &[1])]), batch(&[(1, 1, 2, &[1])])],
-            dup: HashSet::new(),
+            dup: IdSet::default(),
         };
         assert!(merge_sorted(&[a]).unwrap().is_none());
     }
@@ -329,7 +317,7 @@ mod tests {
                 .chunks(7)
                 .map(batch)
                 .collect(),
-            dup: HashSet::new(),
+            dup: IdSet::default(),
         };
         let merged = merge_sorted(&[source(0), source(1)]).unwrap().unwrap();
         assert!(fathom_block::samples_sorted(&merged));
