@@ -194,7 +194,9 @@ fn compact(c: &mut Criterion) {
         let (mut data, duplicates) = rt
             .block_on(fathom_compactor::merge(&store, &metas))
             .expect("merge");
-        data.rollup_widths_nanos = vec![fathom_block::HOUR_NANOS];
+        // The rollups a compaction of level-0 blocks writes (hours).
+        data.rollup_widths_nanos =
+            fathom_compactor::rollup_widths(&fathom_compactor::Config::default().windows, 0);
         let (meta, _) = fathom_block::encode_block(&data).expect("encode merged");
         (meta, duplicates)
     };
