@@ -224,6 +224,7 @@ mod tests {
 
     /// (series, time, profile, stack, value) of every row.
     fn rows(batches: &[RecordBatch]) -> Vec<(Id, i64, Id, Id, i64)> {
+        let of = |bytes: &[u8]| Id::from_slice(bytes).unwrap();
         let mut out = Vec::new();
         for b in batches {
             let k = Keys::of(b).unwrap();
@@ -231,8 +232,7 @@ mod tests {
             let value = b.column(4).as_primitive::<Int64Type>();
             for r in 0..b.num_rows() {
                 let (se, t, p) = k.key(r);
-                let id = |b: &[u8]| Id::from_slice(b).unwrap();
-                out.push((id(se), t, id(p), id(id_at(stack, r)), value.value(r)));
+                out.push((of(se), t, of(p), of(id_at(stack, r)), value.value(r)));
             }
         }
         out
@@ -260,17 +260,16 @@ mod tests {
         let merged = merge_sorted(&[a, b]).unwrap().unwrap();
         assert!(fathom_block::samples_sorted(&merged));
         let got = rows(&merged);
-        let p = id;
         let profiles: Vec<(Id, usize)> = [1u8, 2, 3, 6, 7]
             .iter()
-            .map(|&n| (p(n), got.iter().filter(|r| r.2 == p(n)).count()))
+            .map(|&n| (id(n), got.iter().filter(|r| r.2 == id(n)).count()))
             .collect();
         assert_eq!(
             profiles,
-            vec![(p(1), 2), (p(2), 1), (p(3), 3), (p(6), 2), (p(7), 1)]
+            vec![(id(1), 2), (id(2), 1), (id(3), 3), (id(6), 2), (id(7), 1)]
         );
         // Profile 3's rows are the first source's (values carry it).
-        let three: Vec<i64> = got.iter().filter(|r| r.2 == p(3)).map(|r| r.4).collect();
+        let three: Vec<i64> = got.iter().filter(|r| r.2 == id(3)).map(|r| r.4).collect();
         assert_eq!(three, vec![13, 53, 93]);
     }
 
