@@ -49,6 +49,43 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
+    otlp(c, &files);
+}
+
+/// The corpus as OTLP profiles (each pprof converted with
+/// [`fathom_otlp::from_pprof`], as the ingest benchmark's OTLP clients
+/// send it): the request's decode and its conversion into Fathom's model,
+/// what a distributor does with an OTLP body. Bytes of the original pprof
+/// a second (of the files that convert), so that it compares with
+/// `pprof/decode_normalize_corpus`.
+fn otlp(c: &mut Criterion, files: &[(String, Vec<u8>)]) {
+    let limits = fathom_otlp::Limits::default();
+    let mut pprof_bytes = 0;
+    let bodies: Vec<Vec<u8>> = files
+        .iter()
+        .filter_map(|(_, bytes)| {
+            let p = decode(bytes, &Limits::default()).ok()?;
+            let req = fathom_otlp::from_pprof(&p, &[("service.name", "bench")]).ok()?;
+            pprof_bytes += bytes.len();
+            Some(prost::Message::encode_to_vec(&req))
+        })
+        .collect();
+    let mut g = c.benchmark_group("otlp");
+    g.throughput(Throughput::Bytes(pprof_bytes as u64));
+    g.sample_size(10);
+    g.bench_function("decode_convert_corpus", |b| {
+        b.iter(|| {
+            let mut n = 0usize;
+            for body in &bodies {
+                let out =
+                    fathom_otlp::Request::decode(body, fathom_otlp::Encoding::Protobuf, &limits)
+                        .and_then(|r| r.convert(fathom_model::Id::ZERO, &limits));
+                n += out.map_or(0, |o| o.profiles.len());
+            }
+            n
+        })
+    });
+    g.finish();
 }
 
 /// The block an ingester's cut encodes after a steady stream of the

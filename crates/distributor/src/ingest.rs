@@ -191,9 +191,9 @@ pub struct DecodeContext {
     /// that carry many profiles, such as OTLP).
     pub max_profiles: usize,
     pub max_labels: usize,
-    /// The stacks the ingester this write goes to holds, when it is in
-    /// this process ([`IngesterWriter::held_stacks`](crate::IngesterWriter::held_stacks)):
-    /// the pprof normalizer leaves them out of the batch.
+    /// The stacks the ingesters this write goes to hold
+    /// ([`IngesterWriter::held_stacks`](crate::IngesterWriter::held_stacks)):
+    /// the pprof and OTLP normalizers leave them out of the batch.
     pub held: Option<std::sync::Arc<dyn fathom_model::HeldStacks>>,
 }
 
@@ -538,17 +538,14 @@ fn decode(format: &Format, body: &[u8], ctx: DecodeContext) -> Result<Normalized
             };
             let req = fathom_otlp::Request::decode(body, *encoding, &limits).map_err(otlp_error)?;
             tracing::debug!(layout = req.layout.describe(), "otlp request decoded");
-            let mut n = req.convert(ctx.seed, &limits).map_err(otlp_error)?;
             // Each profile keeps its resource's labels; the payload's
             // labels are added to all of them (and win).
-            if !ctx.labels.is_empty() {
-                for p in &mut n.profiles {
-                    for (k, v) in ctx.labels.iter() {
-                        p.labels.insert(k, v);
-                    }
-                }
-            }
-            Ok(n)
+            let opts = fathom_otlp::ConvertOptions {
+                seed: ctx.seed,
+                labels: ctx.labels,
+                held: ctx.held,
+            };
+            req.convert_with(&opts, &limits).map_err(otlp_error)
         }
     }
 }

@@ -6,7 +6,7 @@ use fathom_pprof::{NormalizeOptions, Normalized};
 use fathom_proto::pprof;
 
 use crate::wire::{self, ProfilesDictionary, SampleView, Value};
-use crate::{Error, Limits, Request};
+use crate::{ConvertOptions, Error, Limits, Request};
 
 /// The mapping attribute whose value is the build id Fathom keeps.
 pub(crate) const BUILD_ID_GNU: &str = "process.executable.build_id.gnu";
@@ -147,24 +147,81 @@ fn sample_value(v: &SampleView<'_>, multiplier: i64) -> Result<i64, String> {
 /// took about a tenth of an OTLP write's CPU in the ingest benchmark.
 type HashMap<K, V> = foldhash::HashMap<K, V>;
 
+/// Entries of dense [`Slots`] one OTLP profile's builders may take
+/// together (8 bytes each): past them, a builder's slots are a hash map.
+/// A profile's samples of one service (the common case) then look each
+/// frame up by index, where a hash map lookup a frame was most of the
+/// conversion's own time.
+const DENSE_SLOTS: usize = 1 << 22;
+
+/// Where each dictionary entry a builder copied went: its id in the pprof
+/// being built (ids start at 1), by its index in its dictionary table.
+pub(crate) enum Slots {
+    /// By index: 0 where none was copied yet.
+    Dense(Vec<u64>),
+    Sparse(HashMap<i32, u64>),
+}
+
+impl Slots {
+    /// Slots for a table of `len` entries: dense while `budget` (entries
+    /// of [`DENSE_SLOTS`] left) has room for them.
+    pub(crate) fn new(len: usize, budget: &mut usize) -> Self {
+        match budget.checked_sub(len) {
+            Some(left) => {
+                *budget = left;
+                Slots::Dense(vec![0; len])
+            }
+            None => Slots::Sparse(HashMap::default()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, index: i32) -> Option<u64> {
+        match self {
+            Slots::Dense(v) => usize::try_from(index)
+                .ok()
+                .and_then(|i| v.get(i))
+                .copied()
+                .filter(|&id| id != 0),
+            Slots::Sparse(m) => m.get(&index).copied(),
+        }
+    }
+
+    /// Records `id` for `index`, an index of the table (checked by the
+    /// caller, which read the entry).
+    pub(crate) fn insert(&mut self, index: i32, id: u64) {
+        match self {
+            Slots::Dense(v) => {
+                if let Some(slot) = usize::try_from(index).ok().and_then(|i| v.get_mut(i)) {
+                    *slot = id;
+                }
+            }
+            Slots::Sparse(m) => {
+                m.insert(index, id);
+            }
+        }
+    }
+}
+
 /// Builds one pprof from OTLP samples, copying only the dictionary
 /// entries they use.
 struct Builder {
     p: pprof::Profile,
     strings: HashMap<String, i64>,
-    locations: HashMap<i32, u64>,
-    functions: HashMap<i32, u64>,
-    mappings: HashMap<i32, u64>,
+    locations: Slots,
+    functions: Slots,
+    mappings: Slots,
 }
 
 impl Builder {
-    fn new() -> Self {
+    /// A builder for samples of `d`, its slots dense while `budget` lasts.
+    fn new(d: &Dict<'_>, budget: &mut usize) -> Self {
         let mut b = Builder {
             p: pprof::Profile::default(),
             strings: HashMap::default(),
-            locations: HashMap::default(),
-            functions: HashMap::default(),
-            mappings: HashMap::default(),
+            locations: Slots::new(d.0.location_table.len(), budget),
+            functions: Slots::new(d.0.function_table.len(), budget),
+            mappings: Slots::new(d.0.mapping_table.len(), budget),
         };
         b.str("");
         b
@@ -191,7 +248,7 @@ impl Builder {
         {
             return Ok(0);
         }
-        if let Some(&id) = self.mappings.get(&index) {
+        if let Some(id) = self.mappings.get(index) {
             return Ok(id);
         }
         let what = || format!("location with mapping {index}");
@@ -220,7 +277,7 @@ impl Builder {
     }
 
     fn function(&mut self, d: &Dict<'_>, index: i32) -> Result<u64, Error> {
-        if let Some(&id) = self.functions.get(&index) {
+        if let Some(id) = self.functions.get(index) {
             return Ok(id);
         }
         let what = || format!("a line (function {index})");
@@ -243,7 +300,7 @@ impl Builder {
     }
 
     fn location(&mut self, d: &Dict<'_>, index: i32) -> Result<u64, Error> {
-        if let Some(&id) = self.locations.get(&index) {
+        if let Some(id) = self.locations.get(index) {
             return Ok(id);
         }
         let what = || format!("a stack (location {index})");
@@ -278,6 +335,8 @@ struct ProfileCtx<'a> {
     /// `cpu`/`nanoseconds` (a Go CPU pprof sent as OTLP has both types), so
     /// `samples`/`count` stays a count rather than becoming a second copy.
     scope_has_cpu_nanoseconds: bool,
+    /// Entries of dense [`Slots`] the profile's builders may take.
+    dense_slots: usize,
 }
 
 /// Whether `p`'s sample type is `type`/`unit` (false when its indices do
@@ -290,7 +349,22 @@ fn sample_type_is(d: &Dict<'_>, p: &wire::Profile, r#type: &str, unit: &str) -> 
     s(st.type_strindex) == Some(r#type) && s(st.unit_strindex) == Some(unit)
 }
 
-pub(crate) fn convert(req: &Request, seed: Id, limits: &Limits) -> Result<Normalized, Error> {
+pub(crate) fn convert(
+    req: &Request,
+    opts: &ConvertOptions,
+    limits: &Limits,
+) -> Result<Normalized, Error> {
+    convert_slots(req, opts, limits, DENSE_SLOTS)
+}
+
+/// [`convert`] with each OTLP profile's builders taking at most
+/// `dense_slots` entries of dense [`Slots`] (tests compare with none).
+pub(crate) fn convert_slots(
+    req: &Request,
+    opts: &ConvertOptions,
+    limits: &Limits,
+    dense_slots: usize,
+) -> Result<Normalized, Error> {
     let mut out = Normalized::default();
     let mut frames_left = limits.max_frames;
     let m = &req.message;
@@ -324,25 +398,38 @@ pub(crate) fn convert(req: &Request, seed: Id, limits: &Limits) -> Result<Normal
                     layout: req.layout,
                     place: format!("resource {ri}, scope {si}, profile {pi}"),
                     scope_has_cpu_nanoseconds,
+                    dense_slots,
                 };
                 let seed = IdHasher::new("otlp-profile")
-                    .id(&seed)
+                    .id(&opts.seed)
                     .u64(ri as u64)
                     .u64(si as u64)
                     .u64(pi as u64)
                     .finish();
-                convert_profile(&ctx, p, &labels, seed, limits, &mut frames_left, &mut out)?;
+                let to = Output {
+                    labels: &labels,
+                    seed,
+                    opts,
+                };
+                convert_profile(&ctx, p, &to, limits, &mut frames_left, &mut out)?;
             }
         }
     }
     Ok(out)
 }
 
+/// Where one OTLP profile's profiles go: its resource's and scope's
+/// labels, the seed of its ids and the conversion's options.
+struct Output<'a> {
+    labels: &'a [(String, String)],
+    seed: Id,
+    opts: &'a ConvertOptions,
+}
+
 fn convert_profile(
     ctx: &ProfileCtx<'_>,
     p: &wire::Profile,
-    labels: &[(String, String)],
-    seed: Id,
+    to: &Output<'_>,
     limits: &Limits,
     frames_left: &mut usize,
     out: &mut Normalized,
@@ -380,6 +467,7 @@ fn convert_profile(
 
     // One builder per sample-level service name (None: the resource's).
     let mut groups: HashMap<Option<&str>, Builder> = HashMap::default();
+    let mut dense = ctx.dense_slots;
     let mut sample_labels: Vec<(String, &str)> = Vec::new();
     for (k, s) in p.samples.iter().enumerate() {
         let v = s.view(ctx.layout);
@@ -408,7 +496,9 @@ fn convert_profile(
                 limits.max_series
             )));
         }
-        let b = groups.entry(service).or_insert_with(Builder::new);
+        let b = groups
+            .entry(service)
+            .or_insert_with(|| Builder::new(d, &mut dense));
         let stack = get(&d.0.stack_table, "stack_table", s.stack_index.into(), &what)?;
         *frames_left = frames_left
             .checked_sub(stack.location_indices.len())
@@ -453,7 +543,7 @@ fn convert_profile(
         b.p.period = p.period;
         b.p.time_nanos = time_nanos;
         b.p.duration_nanos = duration_nanos;
-        let mut pairs = labels.to_vec();
+        let mut pairs = to.labels.to_vec();
         if let Some(svc) = service {
             for (k, v) in &mut pairs {
                 if k == SERVICE_NAME {
@@ -461,22 +551,42 @@ fn convert_profile(
                 }
             }
         }
-        let labels = Labels::from_pairs(pairs)
+        let mut labels = Labels::from_pairs(pairs)
             .map_err(|e| Error::Invalid(format!("{place}: labels: {e}")))?;
+        for (k, v) in to.opts.labels.iter() {
+            labels.insert(k, v);
+        }
         let n = fathom_pprof::normalize(
             &b.p,
             &NormalizeOptions {
                 labels,
                 profile_id_seed: IdHasher::new("otlp-service")
-                    .id(&seed)
+                    .id(&to.seed)
                     .str(service.unwrap_or(""))
                     .finish(),
                 max_series: limits.max_series,
+                held: to.opts.held.clone(),
                 ..Default::default()
             },
         )?;
         out.profiles.extend(n.profiles);
-        out.symbols.merge(&n.symbols);
+        add_symbols(&mut out.symbols, n.symbols);
     }
     Ok(())
+}
+
+/// Adds one normalized profile's table to the request's: the first is
+/// taken whole, with its frame index (which spares the write record a
+/// lookup per frame), the others merged into it.
+fn add_symbols(all: &mut fathom_model::Symbols, one: fathom_model::Symbols) {
+    if all.stacks.is_empty()
+        && all.locations.is_empty()
+        && all.functions.is_empty()
+        && all.mappings.is_empty()
+        && all.relies_on.is_none()
+    {
+        *all = one;
+    } else {
+        all.merge_owned(one);
+    }
 }

@@ -216,8 +216,37 @@ impl Request {
     /// Converts the request into Fathom profiles and symbols; `seed` makes
     /// the profile ids (the same request gives the same ids).
     pub fn convert(&self, seed: Id, limits: &Limits) -> Result<Normalized, Error> {
-        convert::convert(self, seed, limits)
+        self.convert_with(
+            &ConvertOptions {
+                seed,
+                ..Default::default()
+            },
+            limits,
+        )
     }
+
+    /// [`Request::convert`] with the labels and held stacks of `opts`.
+    pub fn convert_with(
+        &self,
+        opts: &ConvertOptions,
+        limits: &Limits,
+    ) -> Result<Normalized, Error> {
+        convert::convert(self, opts, limits)
+    }
+}
+
+/// What a conversion takes besides the request.
+#[derive(Clone, Debug, Default)]
+pub struct ConvertOptions {
+    /// Makes the profile ids: the same request and seed give the same ids.
+    pub seed: Id,
+    /// Labels every profile gets, over its resource's, its scope's and its
+    /// samples' (these win).
+    pub labels: fathom_model::Labels,
+    /// The stacks the head the profiles go to holds already, left out of
+    /// the output's table as [`fathom_pprof::NormalizeOptions::held`]
+    /// leaves them; `None` builds a table with every stack.
+    pub held: Option<std::sync::Arc<dyn fathom_model::HeldStacks>>,
 }
 
 fn check_counts(profiles: usize, samples: usize, limits: &Limits) -> Result<(), Error> {

@@ -756,3 +756,149 @@ fn corpus_pprof_round_trips_through_otlp() {
         "only {checked} corpus files checked; refused: {refused:?}"
     );
 }
+
+/// A head that holds the stacks of `ids`, and the series it was asked
+/// about.
+#[derive(Debug, Default)]
+struct Held {
+    ids: fathom_model::IdSet,
+    asked: std::sync::Mutex<Vec<fathom_model::Labels>>,
+}
+
+impl fathom_model::HeldStacks for Held {
+    fn generation(&self) -> u64 {
+        42
+    }
+
+    fn holds(&self, series: &fathom_model::Labels, ids: &[Id]) -> Vec<bool> {
+        self.asked.lock().unwrap().push(series.clone());
+        ids.iter().map(|id| self.ids.contains(id)).collect()
+    }
+}
+
+/// The stacks every sample of `n` names, with their values, per profile
+/// type and series.
+fn samples_by_series(n: &Normalized) -> BTreeMap<(String, String), BTreeMap<Id, i64>> {
+    let mut out: BTreeMap<(String, String), BTreeMap<Id, i64>> = BTreeMap::new();
+    for p in &n.profiles {
+        let e = out
+            .entry((p.profile_type.to_string(), p.labels.to_string()))
+            .or_default();
+        for s in &p.samples {
+            *e.entry(s.stack).or_default() += s.value;
+        }
+    }
+    out
+}
+
+/// With the stacks a head holds, a conversion leaves them out of its
+/// table (the samples still name them) and records the head's
+/// generation; the head is asked about each series under its final
+/// labels, the options' labels included (a cluster places a series on
+/// its replicas by them), and those labels win over the resource's.
+#[test]
+fn held_stacks_are_left_out_and_asked_about_under_the_final_labels() {
+    let body = read(EBPF_PB);
+    let limits = Limits::default();
+    let r = Request::decode(&body, Encoding::Protobuf, &limits).unwrap();
+    let labels = fathom_model::Labels::from_pairs([("env", "prod"), ("process_pid", "1")]).unwrap();
+    let opts = |held: Option<std::sync::Arc<Held>>| crate::ConvertOptions {
+        seed: Id::from_u128(7),
+        labels: labels.clone(),
+        held: held.map(|h| h as std::sync::Arc<dyn fathom_model::HeldStacks>),
+    };
+    let whole = r.convert_with(&opts(None), &limits).unwrap();
+    assert_eq!(whole.symbols.relies_on, None);
+    for p in &whole.profiles {
+        assert_eq!(p.labels.get("env"), Some("prod"), "{}", p.labels);
+        assert_eq!(p.labels.get("process_pid"), Some("1"), "{}", p.labels);
+    }
+    // Every other stack held.
+    let mut all: Vec<Id> = whole.symbols.stacks.keys().copied().collect();
+    all.sort();
+    assert!(all.len() > 10, "{} stacks", all.len());
+    let held = std::sync::Arc::new(Held {
+        ids: all.iter().step_by(2).copied().collect(),
+        ..Default::default()
+    });
+    let part = r.convert_with(&opts(Some(held.clone())), &limits).unwrap();
+    assert_eq!(part.symbols.relies_on, Some(42));
+    assert_eq!(samples_by_series(&part), samples_by_series(&whole));
+    let mut left: Vec<Id> = part.symbols.stacks.keys().copied().collect();
+    left.sort();
+    let not_held: Vec<Id> = all.iter().skip(1).step_by(2).copied().collect();
+    assert_eq!(left, not_held);
+    // Asked under the labels the profiles have.
+    let series: std::collections::BTreeSet<String> = whole
+        .profiles
+        .iter()
+        .map(|p| p.labels.to_string())
+        .collect();
+    let asked: std::collections::BTreeSet<String> = held
+        .asked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| l.to_string())
+        .collect();
+    assert_eq!(asked, series);
+}
+
+/// A request of one profile keeps the normalizer's frame index (the
+/// write record's encoder then looks no frame up again); several are
+/// merged into one table.
+#[test]
+fn one_profile_keeps_its_frame_index() {
+    let (_, n) = convert(
+        &small_request(Layout::V1_10).encode_to_vec(),
+        Encoding::Protobuf,
+    )
+    .unwrap();
+    assert_eq!(n.profiles.len(), 1);
+    let fi = n.symbols.frame_index.as_ref().expect("a frame index");
+    assert!(fi.matches(&n.symbols));
+    let (_, many) = convert(&read(EBPF_PB), Encoding::Protobuf).unwrap();
+    assert!(many.profiles.len() > 1);
+    for p in &many.profiles {
+        for s in &p.samples {
+            assert!(many.symbols.stacks.contains_key(&s.stack));
+        }
+    }
+}
+
+/// Dense slots (a frame looked up by index) and hash map slots (past the
+/// budget) build the same profiles, and a dense table answers no index
+/// it was not given.
+#[test]
+fn dense_and_sparse_slots_convert_the_same() {
+    let limits = Limits::default();
+    let opts = crate::ConvertOptions {
+        seed: Id::from_u128(7),
+        ..Default::default()
+    };
+    for body in [read(EBPF_PB), small_request(Layout::V1_10).encode_to_vec()] {
+        let r = Request::decode(&body, Encoding::Protobuf, &limits).unwrap();
+        let dense = crate::convert::convert_slots(&r, &opts, &limits, usize::MAX).unwrap();
+        let sparse = crate::convert::convert_slots(&r, &opts, &limits, 0).unwrap();
+        let some = crate::convert::convert_slots(&r, &opts, &limits, 64).unwrap();
+        assert!(!dense.profiles.is_empty());
+        assert_eq!(dense, sparse);
+        assert_eq!(dense.profiles, sparse.profiles);
+        assert_eq!(some, sparse);
+        assert_eq!(some.profiles, sparse.profiles);
+    }
+    let mut budget = 10;
+    let mut s = crate::convert::Slots::new(4, &mut budget);
+    assert_eq!(budget, 6);
+    assert!(matches!(s, crate::convert::Slots::Dense(_)));
+    s.insert(2, 9);
+    assert_eq!(s.get(2), Some(9));
+    for unknown in [0, 3, 4, -1, i32::MAX, i32::MIN] {
+        assert_eq!(s.get(unknown), None, "{unknown}");
+    }
+    s.insert(7, 1);
+    assert_eq!(s.get(7), None, "outside the table");
+    let s = crate::convert::Slots::new(7, &mut budget);
+    assert!(matches!(s, crate::convert::Slots::Sparse(_)));
+    assert_eq!(budget, 6);
+}
