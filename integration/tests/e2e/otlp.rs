@@ -166,6 +166,26 @@ fn otlp_ebpf_profiler_request_matches_expected_cpu_and_off_cpu() {
             .count();
         assert!(unsymbolized > 0, "{tenant}: {portal:?}");
     }
+    // The same profiles again as JSON (other bytes, so other profile ids)
+    // into a tenant whose head holds their stacks: the write leaves the
+    // stacks out and the values add up.
+    let (s, b) = post(
+        &f,
+        "otlp-pb",
+        "application/json",
+        false,
+        otlp_file("otel-ebpf-profile.pb.json"),
+    );
+    assert_eq!(s, 200, "{b}\n{}", f.log());
+    let twice = |m: &BTreeMap<String, i64>| -> BTreeMap<String, i64> {
+        m.iter().map(|(k, v)| (k.clone(), 2 * v)).collect()
+    };
+    let q = format!("{CPU}{{service_name=\"unknown_service\"}}");
+    assert_eq!(
+        queried_stacks(&f, "otlp-pb", &q),
+        twice(&cpu),
+        "held stacks"
+    );
 }
 
 /// The Python of the venv with the OpenTelemetry profiling SDK, created by
@@ -486,8 +506,8 @@ fn otlp_on_a_cluster_distributor() {
     let cpu = expected_stacks("otel-ebpf-profile-cpu.out.json");
     let off = expected_stacks("otel-ebpf-profile-offcpu.out.json");
     let q = |t: &str| format!("{t}{{service_name=\"unknown_service\"}}");
+    let url = c.querier.url("/api/v1/query");
     for tenant in ["otlp-http", "otlp-grpc"] {
-        let url = c.querier.url("/api/v1/query");
         assert_eq!(queried_stacks_at(&url, tenant, &q(CPU)), cpu, "{tenant}");
         assert_eq!(
             queried_stacks_at(&url, tenant, &q(OFF_CPU)),
@@ -495,4 +515,21 @@ fn otlp_on_a_cluster_distributor() {
             "{tenant}"
         );
     }
+    // The same profiles as JSON through the distributor that wrote them:
+    // it knows the replicas hold their stacks and leaves them out, and
+    // the values add up.
+    let (s, b) = post_to(
+        &c.distributors[0].url("/v1development/profiles"),
+        "otlp-http",
+        "application/json",
+        false,
+        otlp_file("otel-ebpf-profile.pb.json"),
+    );
+    assert_eq!(s, 200, "{b}");
+    let twice: BTreeMap<String, i64> = cpu.iter().map(|(k, v)| (k.clone(), 2 * v)).collect();
+    assert_eq!(
+        queried_stacks_at(&url, "otlp-http", &q(CPU)),
+        twice,
+        "held stacks"
+    );
 }
