@@ -2,7 +2,9 @@
 //! → [`fathom_pprof::normalize`]. See the crate docs for the rules.
 
 use fathom_model::{Id, IdHasher, Labels, SERVICE_NAME};
-use fathom_pprof::{NormalizeOptions, Normalized};
+use std::borrow::Cow;
+
+use fathom_pprof::{NormalizeOptions, Normalized, SampleColumns};
 use fathom_proto::pprof;
 
 use crate::wire::{self, ProfilesDictionary, SampleView, Value};
@@ -204,21 +206,28 @@ impl Slots {
 }
 
 /// Builds one pprof from OTLP samples, copying only the dictionary
-/// entries they use.
-struct Builder {
+/// entries they use: its tables (in `p`), its strings (borrowed from the
+/// request where they are the dictionary's) and its samples as columns,
+/// which [`fathom_pprof::normalize_columns`] reads without a
+/// `pprof::Sample`, and its vectors, a sample.
+struct Builder<'a> {
     p: pprof::Profile,
-    strings: HashMap<String, i64>,
+    strings: Vec<Cow<'a, str>>,
+    string_ids: HashMap<Cow<'a, str>, i64>,
+    samples: SampleColumns,
     locations: Slots,
     functions: Slots,
     mappings: Slots,
 }
 
-impl Builder {
+impl<'a> Builder<'a> {
     /// A builder for samples of `d`, its slots dense while `budget` lasts.
-    fn new(d: &Dict<'_>, budget: &mut usize) -> Self {
+    fn new(d: &Dict<'a>, budget: &mut usize) -> Self {
         let mut b = Builder {
             p: pprof::Profile::default(),
-            strings: HashMap::default(),
+            strings: Vec::new(),
+            string_ids: HashMap::default(),
+            samples: SampleColumns::default(),
             locations: Slots::new(d.0.location_table.len(), budget),
             functions: Slots::new(d.0.function_table.len(), budget),
             mappings: Slots::new(d.0.mapping_table.len(), budget),
@@ -227,17 +236,28 @@ impl Builder {
         b
     }
 
-    fn str(&mut self, s: &str) -> i64 {
-        if let Some(&i) = self.strings.get(s) {
+    /// The position of `s` in the string table, added if new.
+    fn str(&mut self, s: &'a str) -> i64 {
+        self.string(s, Cow::Borrowed)
+    }
+
+    /// [`Builder::str`] of a string the request does not hold (a label
+    /// name made from an attribute key), copied if new.
+    fn str_owned(&mut self, s: &str) -> i64 {
+        self.string(s, |s| Cow::Owned(s.to_owned()))
+    }
+
+    fn string<'s>(&mut self, s: &'s str, keep: impl Fn(&'s str) -> Cow<'a, str>) -> i64 {
+        if let Some(&i) = self.string_ids.get(s) {
             return i;
         }
-        let i = self.p.string_table.len() as i64;
-        self.p.string_table.push(s.to_owned());
-        self.strings.insert(s.to_owned(), i);
+        let i = self.strings.len() as i64;
+        self.strings.push(keep(s));
+        self.string_ids.insert(keep(s), i);
         i
     }
 
-    fn mapping(&mut self, d: &Dict<'_>, index: i32) -> Result<u64, Error> {
+    fn mapping(&mut self, d: &Dict<'a>, index: i32) -> Result<u64, Error> {
         // Index 0 is "no mapping" when the table has none or its first
         // entry is the zero value, as the spec reserves it.
         if index == 0
@@ -276,7 +296,7 @@ impl Builder {
         Ok(id)
     }
 
-    fn function(&mut self, d: &Dict<'_>, index: i32) -> Result<u64, Error> {
+    fn function(&mut self, d: &Dict<'a>, index: i32) -> Result<u64, Error> {
         if let Some(id) = self.functions.get(index) {
             return Ok(id);
         }
@@ -299,7 +319,7 @@ impl Builder {
         Ok(id)
     }
 
-    fn location(&mut self, d: &Dict<'_>, index: i32) -> Result<u64, Error> {
+    fn location(&mut self, d: &Dict<'a>, index: i32) -> Result<u64, Error> {
         if let Some(id) = self.locations.get(index) {
             return Ok(id);
         }
@@ -466,9 +486,12 @@ fn convert_profile(
         .map_err(|_| Error::Invalid(format!("{place}: duration_nano is out of range")))?;
 
     // One builder per sample-level service name (None: the resource's).
-    let mut groups: HashMap<Option<&str>, Builder> = HashMap::default();
+    let mut groups: HashMap<Option<&str>, Builder<'_>> = HashMap::default();
     let mut dense = ctx.dense_slots;
     let mut sample_labels: Vec<(String, &str)> = Vec::new();
+    // A sample's location ids and labels, until its builder takes them.
+    let mut location_ids: Vec<u64> = Vec::new();
+    let mut labels: Vec<pprof::Label> = Vec::new();
     for (k, s) in p.samples.iter().enumerate() {
         let v = s.view(ctx.layout);
         let value = sample_value(&v, multiplier)
@@ -508,23 +531,20 @@ fn convert_profile(
                     limits.max_frames
                 ))
             })?;
-        let mut location_id = Vec::with_capacity(stack.location_indices.len());
+        location_ids.clear();
         for &l in &stack.location_indices {
-            location_id.push(b.location(d, l)?);
+            location_ids.push(b.location(d, l)?);
         }
-        let mut label = Vec::with_capacity(sample_labels.len());
+        labels.clear();
         for (key, value) in &sample_labels {
-            label.push(pprof::Label {
-                key: b.str(key),
+            labels.push(pprof::Label {
+                key: b.str_owned(key),
                 str: b.str(value),
                 ..Default::default()
             });
         }
-        b.p.sample.push(pprof::Sample {
-            location_id,
-            value: vec![value],
-            label,
-        });
+        b.samples
+            .push(location_ids.iter().copied(), &[value], labels.drain(..));
     }
 
     let mut groups: Vec<_> = groups.into_iter().collect();
@@ -556,8 +576,11 @@ fn convert_profile(
         for (k, v) in to.opts.labels.iter() {
             labels.insert(k, v);
         }
-        let n = fathom_pprof::normalize(
+        let strings: Vec<&str> = b.strings.iter().map(|s| s.as_ref()).collect();
+        let n = fathom_pprof::normalize_columns(
             &b.p,
+            &strings,
+            &b.samples,
             &NormalizeOptions {
                 labels,
                 profile_id_seed: IdHasher::new("otlp-service")

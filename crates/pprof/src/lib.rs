@@ -96,7 +96,8 @@ pub fn decode_legacy(
 }
 pub use normalize::{
     DEFAULT_MAX_SERIES, IGNORED_SAMPLE_LABELS, NormalizeError, NormalizeOptions, Normalized,
-    display_name, go_pprof_display_name, normalize, profile_type, sanitize_label_name,
+    SampleColumns, display_name, go_pprof_display_name, normalize, normalize_columns, profile_type,
+    sanitize_label_name,
 };
 pub use speedscope::{SPEEDSCOPE_SCHEMA, SpeedscopeError, SpeedscopeOptions, parse_speedscope};
 

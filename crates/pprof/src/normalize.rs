@@ -43,8 +43,9 @@ pub struct NormalizeOptions {
     /// left out of the output's table (its samples still name them), and
     /// the table records the head's generation
     /// ([`Symbols::relies_on`](fathom_model::Symbols::relies_on)). Only
-    /// a single process's own ingester can take such a batch; `None`
-    /// (the default) builds a table with every stack.
+    /// the heads that answered can take such a batch (a single process's
+    /// own ingester, or in a cluster the replicas the distributor asked
+    /// about); `None` (the default) builds a table with every stack.
     pub held: Option<std::sync::Arc<dyn fathom_model::HeldStacks>>,
 }
 
@@ -381,6 +382,108 @@ pub fn normalize(
         Stopped::Normalize(e) => e,
         Stopped::Source(never) => match never {},
     })
+}
+
+/// A pprof's samples apart from its tables, in three columns one sample
+/// after another: what a converter from another format (OTLP) builds
+/// instead of a `pprof::Sample`, three vectors of its own, a sample.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SampleColumns {
+    location_ids: Vec<u64>,
+    values: Vec<i64>,
+    labels: Vec<pprof::Label>,
+    /// Where each sample ends in the three columns.
+    ends: Vec<[usize; 3]>,
+}
+
+impl SampleColumns {
+    /// Adds a sample: its location ids (leaf first), its values (one a
+    /// sample type) and its labels.
+    pub fn push(
+        &mut self,
+        location_ids: impl IntoIterator<Item = u64>,
+        values: &[i64],
+        labels: impl IntoIterator<Item = pprof::Label>,
+    ) {
+        self.location_ids.extend(location_ids);
+        self.values.extend_from_slice(values);
+        self.labels.extend(labels);
+        self.ends.push([
+            self.location_ids.len(),
+            self.values.len(),
+            self.labels.len(),
+        ]);
+    }
+
+    /// How many samples were added.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+}
+
+/// [`normalize`] of the profile whose tables are `p`'s (its `sample` and
+/// `string_table` are not read), whose strings are `strings` and whose
+/// samples are `samples`: the same profiles and symbols as [`normalize`]
+/// of a pprof that has them all.
+pub fn normalize_columns(
+    p: &pprof::Profile,
+    strings: &[&str],
+    samples: &SampleColumns,
+    opts: &NormalizeOptions,
+) -> Result<Normalized, NormalizeError> {
+    let lines = crate::wire::LocationLines::Own;
+    let indexes = Indexes::new(p).map_err(|(what, _)| NormalizeError::BadIds { what })?;
+    let n = Normalizer::new(
+        p,
+        indexes,
+        lines,
+        strings,
+        opts,
+        samples.len(),
+        samples.location_ids.len(),
+    );
+    let mut rows = ColumnSamples {
+        c: samples,
+        next: 0,
+        start: [0; 3],
+    };
+    n.run(&mut rows).map_err(|e| match e {
+        Stopped::Normalize(e) => e,
+        Stopped::Source(never) => match never {},
+    })
+}
+
+/// The samples of [`SampleColumns`], one at a time.
+struct ColumnSamples<'a> {
+    c: &'a SampleColumns,
+    next: usize,
+    /// Where the next sample starts in each column.
+    start: [usize; 3],
+}
+
+impl Samples for ColumnSamples<'_> {
+    type Stop = std::convert::Infallible;
+    type Ids<'s>
+        = DecodedIds<'s>
+    where
+        Self: 's;
+    fn next_sample(&mut self) -> Option<Result<SampleRef<'_, DecodedIds<'_>>, Self::Stop>> {
+        let end = *self.c.ends.get(self.next)?;
+        let [l, v, b] = std::mem::replace(&mut self.start, end);
+        self.next += 1;
+        // `push` wrote each end at or past the one before.
+        let ids = self.c.location_ids.get(l..end[0]).unwrap_or_default();
+        Some(Ok(SampleRef {
+            locations: DecodedIds(ids.iter()),
+            frames: ids.len(),
+            value: self.c.values.get(v..end[1]).unwrap_or_default(),
+            label: self.c.labels.get(b..end[2]).unwrap_or_default(),
+        }))
+    }
 }
 
 /// Where [`Normalizer::run`] reads samples from, one at a time.
@@ -1127,6 +1230,68 @@ pub(crate) fn profile_id(seed: &Id, profile_type: &str, labels: &str) -> Id {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `p`'s samples as columns, and its strings.
+    fn columns(p: &pprof::Profile) -> (SampleColumns, Vec<&str>) {
+        let mut c = SampleColumns::default();
+        for s in &p.sample {
+            c.push(
+                s.location_id.iter().copied(),
+                &s.value,
+                s.label.iter().cloned(),
+            );
+        }
+        (c, p.string_table.iter().map(String::as_str).collect())
+    }
+
+    /// The profiles and symbols of a pprof's samples given as columns
+    /// are those of the pprof, over the fixture and every protobuf
+    /// profile of the shared corpus, with sample labels and without.
+    #[test]
+    fn columns_normalize_as_the_pprof_does() {
+        let opts = NormalizeOptions {
+            labels: Labels::from_pairs([("service_name", "columns")]).unwrap(),
+            ..Default::default()
+        };
+        let check = |name: &str, p: &pprof::Profile| {
+            let (c, strings) = columns(p);
+            assert_eq!(c.len(), p.sample.len());
+            let tables = pprof::Profile {
+                sample: Vec::new(),
+                string_table: Vec::new(),
+                ..p.clone()
+            };
+            let got = normalize_columns(&tables, &strings, &c, &opts);
+            let want = normalize(p, &opts);
+            match (got, want) {
+                (Ok(got), Ok(want)) => {
+                    assert_eq!(got, want, "{name}");
+                    assert_eq!(got.profiles, want.profiles, "{name}");
+                    assert_eq!(got.symbols.frame_index, want.symbols.frame_index, "{name}");
+                }
+                (got, want) => assert_eq!(got.err(), want.err(), "{name}"),
+            }
+        };
+        check("labelled", &labelled());
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/pprof");
+        let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv"))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let mut checked = 0;
+        for line in manifest.lines().skip(1) {
+            let f: Vec<&str> = line.split('\t').collect();
+            if f.len() < 5 || !f[4].starts_with("pprof-proto") {
+                continue;
+            }
+            let raw = std::fs::read(dir.join(f[0])).unwrap();
+            let Ok(p) = crate::decode(&raw, &crate::Limits::default()) else {
+                continue;
+            };
+            check(f[0], &p);
+            checked += 1;
+        }
+        assert!(checked > 100, "only {checked} corpus profiles read");
+    }
 
     fn pt(s: &str, su: &str, p: &str, pu: &str, h: Option<&str>) -> String {
         profile_type(s, su, p, pu, h).to_string()
