@@ -1,9 +1,10 @@
-//! OTLP profiles → one pprof per (resource, scope, profile, sample service)
-//! → [`fathom_pprof::normalize`]. See the crate docs for the rules.
+//! OTLP profiles → one pprof per (resource, scope, profile, sample service),
+//! its samples as columns → [`fathom_pprof::normalize_columns`]. See the
+//! crate docs for the rules.
 
-use fathom_model::{Id, IdHasher, Labels, SERVICE_NAME};
 use std::borrow::Cow;
 
+use fathom_model::{Id, IdHasher, Labels, SERVICE_NAME};
 use fathom_pprof::{NormalizeOptions, Normalized, SampleColumns};
 use fathom_proto::pprof;
 
@@ -207,9 +208,9 @@ impl Slots {
 
 /// Builds one pprof from OTLP samples, copying only the dictionary
 /// entries they use: its tables (in `p`), its strings (borrowed from the
-/// request where they are the dictionary's) and its samples as columns,
-/// which [`fathom_pprof::normalize_columns`] reads without a
-/// `pprof::Sample`, and its vectors, a sample.
+/// request where the dictionary has them) and its samples as columns for
+/// [`fathom_pprof::normalize_columns`], so that no sample needs a
+/// `pprof::Sample` and its three vectors.
 struct Builder<'a> {
     p: pprof::Profile,
     strings: Vec<Cow<'a, str>>,

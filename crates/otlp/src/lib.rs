@@ -5,7 +5,7 @@
 //!                                                           ├─ Request { wire types, Layout }
 //!  JSON ───── serde (bounded) ──────────────────────────────┘
 //!      ─ convert: one pprof per (resource, scope, profile, sample service.name)
-//!               ─ fathom_pprof::normalize ─► Normalized { profiles, symbols }
+//!               ─ fathom_pprof::normalize_columns ─► Normalized { profiles, symbols }
 //! ```
 //!
 //! # Field layouts
