@@ -101,6 +101,29 @@ pub use normalize::{
 };
 pub use speedscope::{SPEEDSCOPE_SCHEMA, SpeedscopeError, SpeedscopeOptions, parse_speedscope};
 
+/// The protobuf profiles of the shared corpus (`shared/testdata/pprof`,
+/// as its manifest lists them): each file's name and bytes, as stored.
+#[cfg(test)]
+pub(crate) fn protobuf_corpus() -> Vec<(String, Vec<u8>)> {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/pprof");
+    let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv"))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    manifest
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split('\t').collect();
+            (f.len() >= 5 && f[4].starts_with("pprof-proto")).then(|| f[0].to_owned())
+        })
+        .map(|name| {
+            let bytes = std::fs::read(dir.join(&name))
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.join(&name).display()));
+            (name, bytes)
+        })
+        .collect()
+}
+
 /// Size limits for untrusted input. Every limit is checked before the
 /// corresponding memory is allocated.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -374,11 +374,23 @@ pub fn normalize(
 ) -> Result<Normalized, NormalizeError> {
     let frames = p.sample.iter().map(|s| s.location_id.len()).sum();
     let strings: Vec<&str> = p.string_table.iter().map(String::as_str).collect();
+    let mut samples = ProfileSamples(p.sample.iter());
+    normalize_from(p, &strings, &mut samples, (p.sample.len(), frames), opts)
+}
+
+/// Normalizes the profile of `p`'s tables, `strings` and `samples`, which
+/// number about `sizes.0` and name about `sizes.1` locations together.
+fn normalize_from<S: Samples<Stop = std::convert::Infallible>>(
+    p: &pprof::Profile,
+    strings: &[&str],
+    samples: &mut S,
+    sizes: (usize, usize),
+    opts: &NormalizeOptions,
+) -> Result<Normalized, NormalizeError> {
     let lines = crate::wire::LocationLines::Own;
     let indexes = Indexes::new(p).map_err(|(what, _)| NormalizeError::BadIds { what })?;
-    let n = Normalizer::new(p, indexes, lines, &strings, opts, p.sample.len(), frames);
-    let mut samples = ProfileSamples(p.sample.iter());
-    n.run(&mut samples).map_err(|e| match e {
+    let n = Normalizer::new(p, indexes, lines, strings, opts, sizes.0, sizes.1);
+    n.run(samples).map_err(|e| match e {
         Stopped::Normalize(e) => e,
         Stopped::Source(never) => match never {},
     })
@@ -435,26 +447,13 @@ pub fn normalize_columns(
     samples: &SampleColumns,
     opts: &NormalizeOptions,
 ) -> Result<Normalized, NormalizeError> {
-    let lines = crate::wire::LocationLines::Own;
-    let indexes = Indexes::new(p).map_err(|(what, _)| NormalizeError::BadIds { what })?;
-    let n = Normalizer::new(
-        p,
-        indexes,
-        lines,
-        strings,
-        opts,
-        samples.len(),
-        samples.location_ids.len(),
-    );
     let mut rows = ColumnSamples {
         c: samples,
         next: 0,
         start: [0; 3],
     };
-    n.run(&mut rows).map_err(|e| match e {
-        Stopped::Normalize(e) => e,
-        Stopped::Source(never) => match never {},
-    })
+    let sizes = (samples.len(), samples.location_ids.len());
+    normalize_from(p, strings, &mut rows, sizes, opts)
 }
 
 /// The samples of [`SampleColumns`], one at a time.
@@ -1273,21 +1272,12 @@ mod tests {
             }
         };
         check("labelled", &labelled());
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/pprof");
-        let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv"))
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let mut checked = 0;
-        for line in manifest.lines().skip(1) {
-            let f: Vec<&str> = line.split('\t').collect();
-            if f.len() < 5 || !f[4].starts_with("pprof-proto") {
-                continue;
-            }
-            let raw = std::fs::read(dir.join(f[0])).unwrap();
+        for (name, raw) in crate::protobuf_corpus() {
             let Ok(p) = crate::decode(&raw, &crate::Limits::default()) else {
                 continue;
             };
-            check(f[0], &p);
+            check(&name, &p);
             checked += 1;
         }
         assert!(checked > 100, "only {checked} corpus profiles read");

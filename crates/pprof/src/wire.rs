@@ -883,17 +883,8 @@ mod tests {
     /// prescan sums are at least the frames the samples name.
     #[test]
     fn sample_bytes_bound_the_frames_of_the_corpus() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/pprof");
-        let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv"))
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let mut checked = 0;
-        for line in manifest.lines().skip(1) {
-            let f: Vec<&str> = line.split('\t').collect();
-            if f.len() < 5 || !f[4].starts_with("pprof-proto") {
-                continue;
-            }
-            let raw = std::fs::read(dir.join(f[0])).unwrap();
+        for (name, raw) in crate::protobuf_corpus() {
             let Some(bytes) = crate::gzip::gunzip(&raw, 1 << 30)
                 .ok()
                 .or_else(|| (!raw.starts_with(&[0x1f, 0x8b])).then(|| raw.clone()))
@@ -906,8 +897,7 @@ mod tests {
             let frames: usize = p.sample.iter().map(|s| s.location_id.len()).sum();
             assert!(
                 frames <= c.sample_bytes,
-                "{}: {frames} frames in {} bytes",
-                f[0],
+                "{name}: {frames} frames in {} bytes",
                 c.sample_bytes
             );
             checked += 1;
