@@ -332,13 +332,8 @@ fn decode_all(
     let single = payloads.len() == 1;
     for p in payloads {
         let n = decode_payload(t, p, limits, &mut budget, single, metrics, held.clone())?;
-        if profiles.is_empty() {
-            profiles = n.profiles;
-            symbols = n.symbols;
-        } else {
-            profiles.extend(n.profiles);
-            symbols.merge(&n.symbols);
-        }
+        profiles.extend(n.profiles);
+        symbols.merge_owned(n.symbols);
     }
     Ok((profiles, symbols))
 }

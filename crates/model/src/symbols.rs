@@ -420,8 +420,18 @@ impl Symbols {
     }
 
     /// [`Symbols::merge`] that moves `other`'s entries in instead of
-    /// cloning them: what a head does with each write's table.
+    /// cloning them: what a head does with each write's table. Into an
+    /// empty table, `other` is taken whole, its frame index with it.
     pub fn merge_owned(&mut self, other: Symbols) {
+        if self.stacks.is_empty()
+            && self.locations.is_empty()
+            && self.functions.is_empty()
+            && self.mappings.is_empty()
+            && self.relies_on.is_none()
+        {
+            *self = other;
+            return;
+        }
         self.frame_index = None;
         self.relies_on = oldest(self.relies_on, other.relies_on);
         for (k, v) in other.stacks {
@@ -670,5 +680,30 @@ mod tests {
         owned.merge_owned(s.clone());
         assert_eq!(owned, s);
         assert_eq!(m.frames(&st), s.frames(&st));
+    }
+
+    /// Moved into an empty table, a table keeps its frame index (it still
+    /// describes it); merged into one with entries, the index is dropped.
+    #[test]
+    fn merge_owned_into_an_empty_table_keeps_the_frame_index() {
+        let (mut s, _) = sample_symbols();
+        let index = std::sync::Arc::new(FrameIndex {
+            locations: s.locations.keys().copied().collect(),
+            ..Default::default()
+        });
+        s.frame_index = Some(index.clone());
+        let mut empty = Symbols::default();
+        empty.merge_owned(s.clone());
+        assert_eq!(empty.frame_index, Some(index));
+        empty.merge_owned(s.clone());
+        assert_eq!(empty.frame_index, None);
+        assert_eq!(empty, s);
+        let mut relying = Symbols {
+            relies_on: Some(1),
+            ..Default::default()
+        };
+        relying.merge_owned(s);
+        assert_eq!(relying.frame_index, None, "not empty: it relies on a head");
+        assert_eq!(relying.relies_on, Some(1));
     }
 }

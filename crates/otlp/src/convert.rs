@@ -157,6 +157,13 @@ type HashMap<K, V> = foldhash::HashMap<K, V>;
 /// conversion's own time.
 const DENSE_SLOTS: usize = 1 << 22;
 
+/// Entries of dense [`Slots`] a profile may take per sample it has: a
+/// dense table is zeroed whole, so a profile that uses a small part of a
+/// large dictionary (one process of the eBPF profiler's request, whose
+/// dictionary all its resources share) looks its entries up in hash
+/// maps instead of zeroing tables for the whole dictionary.
+const DENSE_SLOTS_PER_SAMPLE: usize = 64;
+
 /// Where each dictionary entry a builder copied went: its id in the pprof
 /// being built (ids start at 1), by its index in its dictionary table.
 pub(crate) enum Slots {
@@ -488,7 +495,9 @@ fn convert_profile(
 
     // One builder per sample-level service name (None: the resource's).
     let mut groups: HashMap<Option<&str>, Builder<'_>> = HashMap::default();
-    let mut dense = ctx.dense_slots;
+    let mut dense = ctx
+        .dense_slots
+        .min(p.samples.len().saturating_mul(DENSE_SLOTS_PER_SAMPLE));
     let mut sample_labels: Vec<(String, &str)> = Vec::new();
     // A sample's location ids and labels, until its builder takes them.
     let mut location_ids: Vec<u64> = Vec::new();
@@ -594,23 +603,7 @@ fn convert_profile(
             },
         )?;
         out.profiles.extend(n.profiles);
-        add_symbols(&mut out.symbols, n.symbols);
+        out.symbols.merge_owned(n.symbols);
     }
     Ok(())
-}
-
-/// Adds one normalized profile's table to the request's: the first is
-/// taken whole, with its frame index (which spares the write record a
-/// lookup per frame), the others merged into it.
-fn add_symbols(all: &mut fathom_model::Symbols, one: fathom_model::Symbols) {
-    if all.stacks.is_empty()
-        && all.locations.is_empty()
-        && all.functions.is_empty()
-        && all.mappings.is_empty()
-        && all.relies_on.is_none()
-    {
-        *all = one;
-    } else {
-        all.merge_owned(one);
-    }
 }
