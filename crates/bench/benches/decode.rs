@@ -228,19 +228,19 @@ fn compact(c: &mut Criterion) {
         metas.push(meta);
     }
     let compacted = || {
-        let (mut data, duplicates) = rt
+        let (mut data, merged) = rt
             .block_on(fathom_compactor::merge(&store, &metas))
             .expect("merge");
         // The rollups a compaction of level-0 blocks writes (hours).
         data.rollup_widths_nanos =
             fathom_compactor::rollup_widths(&fathom_compactor::Config::default().windows, 0);
         let (meta, _) = fathom_block::encode_block(&data).expect("encode merged");
-        (meta, duplicates)
+        (meta, merged)
     };
-    let (meta, duplicates) = compacted();
+    let (meta, merged) = compacted();
     println!(
-        "info: compaction of {REPLICAS} replicas' blocks: {stored} samples in, {} out ({} bytes), {duplicates} duplicate profiles",
-        meta.stats.samples, meta.stats.bytes
+        "info: compaction of {REPLICAS} replicas' blocks: {stored} samples in, {} out ({} bytes), {} duplicate profiles, {} of their sample rows not read",
+        meta.stats.samples, meta.stats.bytes, merged.duplicates, merged.rows_not_read
     );
     let mut g = c.benchmark_group("compactor");
     g.throughput(Throughput::Elements(meta.stats.samples));

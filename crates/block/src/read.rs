@@ -8,7 +8,10 @@ use fathom_model::{Function, Id, Labels, Line, Location, Mapping, Stack, Symbols
 use object_store::ObjectStore;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+};
+use parquet::file::metadata::PageIndexPolicy;
 
 use crate::meta::{BlockMeta, FORMAT_VERSION};
 use crate::schema::{ProfileRow, SeriesRow};
@@ -97,6 +100,44 @@ async fn read_file_in(
 /// Every sample row of a block, in [`crate::samples_schema`] (compaction).
 pub async fn read_samples(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<Vec<RecordBatch>> {
     read_file_in(store, meta, files::SAMPLES, SAMPLE_ROWS).await
+}
+
+/// The sample rows of a block at `ranges` (row numbers, ascending, not
+/// overlapping), in [`crate::samples_schema`]: pages that hold none of
+/// them are neither fetched from the bytes nor decoded (the block's page
+/// index locates them), so a compaction reads of a replica only the
+/// profiles no earlier source gave. An empty `ranges` reads nothing.
+pub async fn read_sample_rows(
+    store: &dyn ObjectStore,
+    meta: &BlockMeta,
+    ranges: &[std::ops::Range<usize>],
+) -> Result<Vec<RecordBatch>> {
+    if ranges.is_empty() {
+        return Ok(Vec::new());
+    }
+    let bytes: Bytes = store
+        .get(&block_file(&meta.tenant, &meta.id, files::SAMPLES))
+        .await?
+        .bytes()
+        .await?;
+    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options)?;
+    let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
+    if ranges.iter().any(|r| r.start > r.end || r.end > rows)
+        || ranges.windows(2).any(|w| w[0].end > w[1].start)
+    {
+        return Err(corrupt(
+            meta,
+            files::SAMPLES,
+            format!("row ranges beyond its {rows} rows or out of order"),
+        ));
+    }
+    let selection = RowSelection::from_consecutive_ranges(ranges.iter().cloned(), rows);
+    let reader = builder
+        .with_row_selection(selection)
+        .with_batch_size(SAMPLE_ROWS)
+        .build()?;
+    Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
 fn corrupt(meta: &BlockMeta, file: &'static str, what: impl Into<String>) -> Error {

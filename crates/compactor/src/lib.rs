@@ -160,6 +160,7 @@ struct Metrics {
     blocks_in: Counter,
     blocks_out: Counter,
     duplicate_profiles: Counter,
+    rows_not_read: Counter,
     bytes_in: Counter,
     bytes_out: Counter,
     retention_removed: Counter,
@@ -282,12 +283,24 @@ fn id_col<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a FixedSizeBinaryArray
         .ok_or_else(|| Error::Task(format!("samples without {name}")))
 }
 
+/// What a [`merge`] left out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeStats {
+    /// Copies of profiles an earlier source holds (dropped).
+    pub duplicates: u64,
+    /// Sample rows of those copies that were not read at all: a source
+    /// whose every profile an earlier one gave is not read (nor its
+    /// symbols), and of a partly duplicated one only the new profiles'
+    /// rows are.
+    pub rows_not_read: u64,
+}
+
 /// The merge of `sources`: every profile once (the first block that holds
 /// it wins), series spans widened, symbol tables united.
 pub async fn merge(
     store: &dyn ObjectStore,
     sources: &[BlockMeta],
-) -> Result<(BlockData, u64), Error> {
+) -> Result<(BlockData, MergeStats), Error> {
     let tenant = sources
         .first()
         .map(|b| b.tenant.clone())
@@ -297,15 +310,18 @@ pub async fn merge(
     let mut series: BTreeMap<Id, SeriesRow> = BTreeMap::new();
     let mut rows: Vec<runs::Source> = Vec::with_capacity(sources.len());
     let mut symbols = Symbols::default();
-    let mut duplicates = 0u64;
+    let mut stats = MergeStats::default();
     for b in sources {
         let mut dup = IdSet::default();
+        let mut new = NewRows::default();
         for p in fathom_block::read_profiles(store, b).await? {
-            if seen.insert(p.profile_id) {
+            let fresh = seen.insert(p.profile_id);
+            new.push(p.profile_id, p.samples, fresh);
+            if fresh {
                 profiles.push(p);
             } else {
                 dup.insert(p.profile_id);
-                duplicates += 1;
+                stats.duplicates += 1;
             }
         }
         for s in fathom_block::read_series(store, b).await? {
@@ -317,10 +333,18 @@ pub async fn merge(
                 })
                 .or_insert(s);
         }
-        rows.push(runs::Source {
-            batches: fathom_block::read_samples(store, b).await?,
-            dup,
-        });
+        if new.kept.is_empty() {
+            // Every profile of this source an earlier one gave: none of
+            // its rows is kept, and the kept rows' symbols are theirs.
+            stats.rows_not_read += b.stats.samples;
+            continue;
+        }
+        let batches = if dup.is_empty() {
+            fathom_block::read_samples(store, b).await?
+        } else {
+            read_new_rows(store, b, &new, &mut stats).await?
+        };
+        rows.push(runs::Source { batches, dup });
         symbols.merge_owned(fathom_block::read_symbols(store, b).await?);
     }
     let samples = match runs::merge_sorted(&rows).map_err(|e| Error::Task(e.to_string()))? {
@@ -342,8 +366,111 @@ pub async fn merge(
             symbols: Arc::new(symbols),
             rollup_widths_nanos: Vec::new(),
         },
-        duplicates,
+        stats,
     ))
+}
+
+/// A source's profiles in its samples' order, as its profile table
+/// counts their rows: the row ranges of the profiles no earlier source
+/// gave, and those profiles with their row counts.
+#[derive(Default)]
+struct NewRows {
+    /// Rows of the profiles counted so far.
+    counted: u64,
+    /// A count overflowed: the ranges are not to be used.
+    overflowed: bool,
+    ranges: Vec<std::ops::Range<usize>>,
+    kept: Vec<(Id, u64)>,
+}
+
+impl NewRows {
+    /// The next profile of the source, of `rows` rows; `fresh` when no
+    /// earlier source gave it.
+    fn push(&mut self, id: Id, rows: u64, fresh: bool) {
+        let start = self.counted;
+        let Some(end) = start.checked_add(rows) else {
+            self.overflowed = true;
+            return;
+        };
+        self.counted = end;
+        if !fresh {
+            return;
+        }
+        self.kept.push((id, rows));
+        let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else {
+            self.overflowed = true;
+            return;
+        };
+        match self.ranges.last_mut() {
+            Some(r) if r.end == start => r.end = end,
+            _ => self.ranges.push(start..end),
+        }
+    }
+
+    /// Whether the counts add up to the block's `samples` rows.
+    fn counts_match(&self, samples: u64) -> bool {
+        !self.overflowed && self.counted == samples
+    }
+
+    /// Whether `batches` are the kept profiles' rows: one run of each,
+    /// in order, as long as counted.
+    fn runs_match(&self, batches: &[RecordBatch]) -> bool {
+        let mut want = self.kept.iter();
+        let mut run: Option<(&[u8], u64)> = None;
+        for b in batches {
+            let Ok(pid) = id_col(b, columns::PROFILE_ID) else {
+                return false;
+            };
+            for i in 0..pid.len() {
+                let id = pid.value(i);
+                match &mut run {
+                    Some((at, n)) if *at == id => *n += 1,
+                    _ => {
+                        if let Some((at, n)) = run.replace((id, 1))
+                            && want
+                                .next()
+                                .is_none_or(|(w, c)| w.0.as_slice() != at || *c != n)
+                        {
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((at, n)) = run
+            && want
+                .next()
+                .is_none_or(|(w, c)| w.0.as_slice() != at || *c != n)
+        {
+            return false;
+        }
+        want.next().is_none()
+    }
+}
+
+/// The sample rows of `b`, a source some of whose profiles an earlier
+/// source gave: only the others' rows are read when its profile table's
+/// row counts add up to its rows and the rows read are those profiles'
+/// runs; otherwise every row (the merge drops the duplicates' runs).
+async fn read_new_rows(
+    store: &dyn ObjectStore,
+    b: &BlockMeta,
+    new: &NewRows,
+    stats: &mut MergeStats,
+) -> Result<Vec<RecordBatch>, Error> {
+    if new.counts_match(b.stats.samples) {
+        let batches = fathom_block::read_sample_rows(store, b, &new.ranges).await?;
+        if new.runs_match(&batches) {
+            let read: u64 = batches.iter().map(|x| x.num_rows() as u64).sum();
+            stats.rows_not_read += b.stats.samples.saturating_sub(read);
+            return Ok(batches);
+        }
+    }
+    tracing::debug!(
+        block = %b.id,
+        "the profile table's row counts do not match the samples; reading every row"
+    );
+    Ok(fathom_block::read_samples(store, b).await?)
 }
 
 /// Every source's rows but those of its duplicate profiles, as they come.
@@ -415,6 +542,11 @@ impl Compactor {
             "Replica copies of profiles dropped",
             m.duplicate_profiles.clone(),
         );
+        r.register(
+            "duplicate_rows_not_read",
+            "Sample rows of replica copies of profiles not read from their blocks",
+            m.rows_not_read.clone(),
+        );
         r.register("bytes_in", "Bytes of merged blocks", m.bytes_in.clone());
         r.register("bytes_out", "Bytes of written blocks", m.bytes_out.clone());
         r.register(
@@ -471,7 +603,7 @@ impl Compactor {
     }
 
     async fn compact(&self, job: &Job) -> Result<BlockMeta, Error> {
-        let (mut data, duplicates) = merge(self.store.as_ref(), &job.blocks).await?;
+        let (mut data, merged) = merge(self.store.as_ref(), &job.blocks).await?;
         if let Some(sym) = self.symbolizer.get()
             && let Ok(tenant) = fathom_model::TenantId::new(&job.tenant)
         {
@@ -499,14 +631,16 @@ impl Compactor {
             .map_err(Error::Index)?;
         self.metrics.blocks_in.inc_by(job.blocks.len() as u64);
         self.metrics.blocks_out.inc();
-        self.metrics.duplicate_profiles.inc_by(duplicates);
+        self.metrics.duplicate_profiles.inc_by(merged.duplicates);
+        self.metrics.rows_not_read.inc_by(merged.rows_not_read);
         self.metrics
             .bytes_in
             .inc_by(job.blocks.iter().map(|b| b.stats.bytes).sum());
         self.metrics.bytes_out.inc_by(meta.stats.bytes);
         tracing::info!(
             tenant = %job.tenant, level = meta.level, sources = job.blocks.len(),
-            block = %meta.id, duplicates, "compacted"
+            block = %meta.id, duplicates = merged.duplicates,
+            rows_not_read = merged.rows_not_read, "compacted"
         );
         Ok(meta)
     }
@@ -750,6 +884,15 @@ mod tests {
     /// A level-0 block with profiles `(profile id, time, value)`, each one
     /// sample on its own function.
     async fn block(store: &dyn ObjectStore, profiles: &[(u128, i64, i64)]) -> BlockMeta {
+        block_with(store, profiles, |_| {}).await
+    }
+
+    /// [`block`], its data changed by `edit` before it is encoded.
+    async fn block_with(
+        store: &dyn ObjectStore,
+        profiles: &[(u128, i64, i64)],
+        edit: impl FnOnce(&mut BlockData),
+    ) -> BlockMeta {
         let pt: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
             .parse()
             .unwrap();
@@ -771,7 +914,7 @@ mod tests {
                 samples: 1,
             });
         }
-        let data = BlockData {
+        let mut data = BlockData {
             tenant: "t1".into(),
             source: "ingester".into(),
             level: 0,
@@ -788,6 +931,7 @@ mod tests {
             symbols: Arc::new(symbols),
             rollup_widths_nanos: Vec::new(),
         };
+        edit(&mut data);
         let (meta, files) = fathom_block::encode_block(&data).unwrap();
         fathom_block::write_block(store, &meta, files)
             .await
@@ -987,9 +1131,22 @@ mod tests {
             block(&store, &[(2, T0 + 2, 21), (3, T0 + 3, 31), (4, T0 + 4, 41)]).await,
             block(&store, &[(1, T0 + 1, 12), (4, T0 + 4, 42), (5, T0 + 5, 52)]).await,
         ];
-        let (data, duplicates) = merge(&store, &metas).await.unwrap();
-        assert_eq!(duplicates, 4);
+        let (data, stats) = merge(&store, &metas).await.unwrap();
+        assert_eq!(stats.duplicates, 4);
+        // The second and third sources' duplicates' rows are not read.
+        assert_eq!(stats.rows_not_read, 4);
         assert!(fathom_block::samples_sorted(&data.samples));
+        let mut got = merged_values(&data);
+        got.sort();
+        let want: Vec<(Id, i64)> = [(1, 10), (2, 20), (3, 30), (4, 41), (5, 52)]
+            .into_iter()
+            .map(|(p, v)| (Id::from_u128(p), v))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// Every sample row of `data` as (profile, value), in its order.
+    fn merged_values(data: &BlockData) -> Vec<(Id, i64)> {
         let mut got = Vec::new();
         for b in &data.samples {
             let pid = id_col(b, columns::PROFILE_ID).unwrap();
@@ -1001,12 +1158,110 @@ mod tests {
                 got.push((Id::from_slice(pid.value(i)).unwrap(), v.value(i)));
             }
         }
-        got.sort();
-        let want: Vec<(Id, i64)> = [(1, 10), (2, 20), (3, 30), (4, 41), (5, 52)]
-            .into_iter()
-            .map(|(p, v)| (Id::from_u128(p), v))
+        got
+    }
+
+    /// A source whose every profile an earlier source gave is not read:
+    /// with its samples and symbol files gone from the store, the merge
+    /// still succeeds, with the first source's rows.
+    #[tokio::test]
+    async fn a_source_of_duplicates_alone_is_not_read() {
+        let store = object_store::memory::InMemory::new();
+        let profiles = [(1, T0 + 1, 10), (2, T0 + 2, 20)];
+        let first = block(&store, &profiles).await;
+        let copy = block(&store, &[(1, T0 + 1, 11), (2, T0 + 2, 21)]).await;
+        for f in [
+            fathom_block::files::SAMPLES,
+            fathom_block::files::FUNCTIONS,
+            fathom_block::files::LOCATIONS,
+            fathom_block::files::STACKS,
+            fathom_block::files::MAPPINGS,
+        ] {
+            store
+                .delete(&fathom_block::block_file(&copy.tenant, &copy.id, f))
+                .await
+                .unwrap();
+        }
+        let (data, stats) = merge(&store, &[first, copy]).await.unwrap();
+        assert_eq!(
+            stats,
+            MergeStats {
+                duplicates: 2,
+                rows_not_read: 2
+            }
+        );
+        let want: Vec<(Id, i64)> = profiles
+            .iter()
+            .map(|&(p, _, v)| (Id::from_u128(p), v))
+            .collect();
+        assert_eq!(merged_values(&data), want);
+        assert_eq!(data.symbols.functions.len(), 2);
+    }
+
+    /// A partly duplicated source of several pages: only its new
+    /// profiles' rows, which cross a page boundary, are read, and the
+    /// merge holds every profile once with the first source's value.
+    #[tokio::test]
+    async fn a_partly_duplicated_source_is_read_only_where_it_is_new() {
+        let store = object_store::memory::InMemory::new();
+        let n: u128 = 45_000;
+        let (lo, hi) = (18_000, 26_000);
+        let all: Vec<(u128, i64, i64)> = (0..n).map(|p| (p, T0 + p as i64, 2)).collect();
+        let first: Vec<(u128, i64, i64)> = all
+            .iter()
+            .filter(|p| !(lo..hi).contains(&p.0))
+            .map(|&(p, t, _)| (p, t, 1))
+            .collect();
+        let metas = vec![block(&store, &first).await, block(&store, &all).await];
+        let (data, stats) = merge(&store, &metas).await.unwrap();
+        let dups = (n - (hi - lo)) as u64;
+        assert_eq!(
+            stats,
+            MergeStats {
+                duplicates: dups,
+                rows_not_read: dups
+            }
+        );
+        let got = merged_values(&data);
+        let want: Vec<(Id, i64)> = (0..n)
+            .map(|p| (Id::from_u128(p), if (lo..hi).contains(&p) { 2 } else { 1 }))
             .collect();
         assert_eq!(got, want);
+    }
+
+    /// A source whose profile table's row counts do not describe its
+    /// samples (they add up wrong, or add up but lie about which rows
+    /// are whose) is read whole, and the merge is still each profile
+    /// once.
+    #[tokio::test]
+    async fn row_counts_that_do_not_match_fall_back_to_every_row() {
+        let profiles = [(1, T0 + 1, 10), (2, T0 + 2, 20), (3, T0 + 3, 30)];
+        for counts in [[1, 2, 1], [2, 0, 1]] {
+            let store = object_store::memory::InMemory::new();
+            let first = block(&store, &[(2, T0 + 2, 21)]).await;
+            let lying = block_with(&store, &profiles, |d| {
+                for (p, c) in d.profiles.iter_mut().zip(counts) {
+                    p.samples = c;
+                }
+            })
+            .await;
+            let (data, stats) = merge(&store, &[first, lying]).await.unwrap();
+            assert_eq!(
+                stats,
+                MergeStats {
+                    duplicates: 1,
+                    rows_not_read: 0
+                },
+                "counts {counts:?}"
+            );
+            let want: Vec<(Id, i64)> = [(1, 10), (2, 21), (3, 30)]
+                .into_iter()
+                .map(|(p, v)| (Id::from_u128(p), v))
+                .collect();
+            let mut got = merged_values(&data);
+            got.sort();
+            assert_eq!(got, want, "counts {counts:?}");
+        }
     }
 
     /// The fallback for sources out of the block's order: a source's
