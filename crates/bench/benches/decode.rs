@@ -239,8 +239,12 @@ fn compact(c: &mut Criterion) {
     };
     let (meta, merged) = compacted();
     println!(
-        "info: compaction of {REPLICAS} replicas' blocks: {stored} samples in, {} out ({} bytes), {} duplicate profiles, {} of their sample rows not read",
-        meta.stats.samples, meta.stats.bytes, merged.duplicates, merged.rows_not_read
+        "info: compaction of {REPLICAS} replicas' blocks: {stored} samples in, {} out ({} bytes), {} duplicate profiles, {} of their sample rows and {} sources' symbol tables not read",
+        meta.stats.samples,
+        meta.stats.bytes,
+        merged.duplicates,
+        merged.rows_not_read,
+        merged.symbol_tables_not_read
     );
     let mut g = c.benchmark_group("compactor");
     g.throughput(Throughput::Elements(meta.stats.samples));

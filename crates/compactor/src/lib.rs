@@ -161,6 +161,7 @@ struct Metrics {
     blocks_out: Counter,
     duplicate_profiles: Counter,
     rows_not_read: Counter,
+    symbol_tables_not_read: Counter,
     bytes_in: Counter,
     bytes_out: Counter,
     retention_removed: Counter,
@@ -293,6 +294,10 @@ pub struct MergeStats {
     /// symbols), and of a partly duplicated one only the new profiles'
     /// rows are.
     pub rows_not_read: u64,
+    /// Sources whose symbol tables were not read: none of their
+    /// profiles was new, or an earlier source's table holds every stack
+    /// the new ones name.
+    pub symbol_tables_not_read: u64,
 }
 
 /// The merge of `sources`: every profile once (the first block that holds
@@ -337,6 +342,7 @@ pub async fn merge(
             // Every profile of this source an earlier one gave: none of
             // its rows is kept, and the kept rows' symbols are theirs.
             stats.rows_not_read += b.stats.samples;
+            stats.symbol_tables_not_read += 1;
             continue;
         }
         let batches = if dup.is_empty() {
@@ -344,8 +350,15 @@ pub async fn merge(
         } else {
             read_new_rows(store, b, &new, &mut stats).await?
         };
+        // A replica's new profiles mostly sample stacks an earlier
+        // source brought: its symbol table is read only when they do not
+        // (the tables are closed, so a held stack's frames are held too).
+        if !dup.is_empty() && stacks_held(&batches, &symbols) {
+            stats.symbol_tables_not_read += 1;
+        } else {
+            symbols.merge_owned(fathom_block::read_symbols(store, b).await?);
+        }
         rows.push(runs::Source { batches, dup });
-        symbols.merge_owned(fathom_block::read_symbols(store, b).await?);
     }
     let samples = match runs::merge_sorted(&rows).map_err(|e| Error::Task(e.to_string()))? {
         Some(merged) => merged,
@@ -448,6 +461,24 @@ impl NewRows {
     }
 }
 
+/// Whether `symbols` holds every stack `batches` name.
+fn stacks_held(batches: &[RecordBatch], symbols: &Symbols) -> bool {
+    batches.iter().all(|b| {
+        let Ok(stacks) = id_col(b, columns::STACK_ID) else {
+            return false;
+        };
+        let mut last: Option<&[u8]> = None;
+        (0..stacks.len()).all(|i| {
+            let id = stacks.value(i);
+            if last == Some(id) {
+                return true;
+            }
+            last = Some(id);
+            Id::from_slice(id).is_some_and(|id| symbols.stacks.contains_key(&id))
+        })
+    })
+}
+
 /// The sample rows of `b`, a source some of whose profiles an earlier
 /// source gave: only the others' rows are read when its profile table's
 /// row counts add up to its rows and the rows read are those profiles'
@@ -547,6 +578,11 @@ impl Compactor {
             "Sample rows of replica copies of profiles not read from their blocks",
             m.rows_not_read.clone(),
         );
+        r.register(
+            "symbol_tables_not_read",
+            "Source blocks whose symbols were not read (every stack of their new profiles already known)",
+            m.symbol_tables_not_read.clone(),
+        );
         r.register("bytes_in", "Bytes of merged blocks", m.bytes_in.clone());
         r.register("bytes_out", "Bytes of written blocks", m.bytes_out.clone());
         r.register(
@@ -634,13 +670,17 @@ impl Compactor {
         self.metrics.duplicate_profiles.inc_by(merged.duplicates);
         self.metrics.rows_not_read.inc_by(merged.rows_not_read);
         self.metrics
+            .symbol_tables_not_read
+            .inc_by(merged.symbol_tables_not_read);
+        self.metrics
             .bytes_in
             .inc_by(job.blocks.iter().map(|b| b.stats.bytes).sum());
         self.metrics.bytes_out.inc_by(meta.stats.bytes);
         tracing::info!(
             tenant = %job.tenant, level = meta.level, sources = job.blocks.len(),
             block = %meta.id, duplicates = merged.duplicates,
-            rows_not_read = merged.rows_not_read, "compacted"
+            rows_not_read = merged.rows_not_read,
+            symbol_tables_not_read = merged.symbol_tables_not_read, "compacted"
         );
         Ok(meta)
     }
@@ -893,12 +933,22 @@ mod tests {
         profiles: &[(u128, i64, i64)],
         edit: impl FnOnce(&mut BlockData),
     ) -> BlockMeta {
+        block_named(store, profiles, |p| format!("f{p}"), edit).await
+    }
+
+    /// [`block_with`], each profile's function named by `name`.
+    async fn block_named(
+        store: &dyn ObjectStore,
+        profiles: &[(u128, i64, i64)],
+        name: impl Fn(u128) -> String,
+        edit: impl FnOnce(&mut BlockData),
+    ) -> BlockMeta {
         let pt: ProfileType = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
             .parse()
             .unwrap();
         let labels = Labels::from_pairs([("service_name", "svc")]).unwrap();
         let sid = fathom_model::series_id(&pt, &labels);
-        let names: Vec<String> = profiles.iter().map(|p| format!("f{}", p.0)).collect();
+        let names: Vec<String> = profiles.iter().map(|p| name(p.0)).collect();
         let (symbols, stacks) = symbols_for(&names.iter().map(String::as_str).collect::<Vec<_>>());
         let mut sb = SamplesBuilder::with_capacity(profiles.len());
         let mut rows = Vec::new();
@@ -1170,24 +1220,22 @@ mod tests {
         let profiles = [(1, T0 + 1, 10), (2, T0 + 2, 20)];
         let first = block(&store, &profiles).await;
         let copy = block(&store, &[(1, T0 + 1, 11), (2, T0 + 2, 21)]).await;
-        for f in [
-            fathom_block::files::SAMPLES,
-            fathom_block::files::FUNCTIONS,
-            fathom_block::files::LOCATIONS,
-            fathom_block::files::STACKS,
-            fathom_block::files::MAPPINGS,
-        ] {
-            store
-                .delete(&fathom_block::block_file(&copy.tenant, &copy.id, f))
-                .await
-                .unwrap();
-        }
+        store
+            .delete(&fathom_block::block_file(
+                &copy.tenant,
+                &copy.id,
+                fathom_block::files::SAMPLES,
+            ))
+            .await
+            .unwrap();
+        drop_symbols(&store, &copy).await;
         let (data, stats) = merge(&store, &[first, copy]).await.unwrap();
         assert_eq!(
             stats,
             MergeStats {
                 duplicates: 2,
-                rows_not_read: 2
+                rows_not_read: 2,
+                symbol_tables_not_read: 1,
             }
         );
         let want: Vec<(Id, i64)> = profiles
@@ -1196,6 +1244,49 @@ mod tests {
             .collect();
         assert_eq!(merged_values(&data), want);
         assert_eq!(data.symbols.functions.len(), 2);
+    }
+
+    /// Deletes a block's symbol files (so that reading them fails).
+    async fn drop_symbols(store: &dyn ObjectStore, b: &BlockMeta) {
+        for f in [
+            fathom_block::files::FUNCTIONS,
+            fathom_block::files::LOCATIONS,
+            fathom_block::files::STACKS,
+            fathom_block::files::MAPPINGS,
+        ] {
+            store
+                .delete(&fathom_block::block_file(&b.tenant, &b.id, f))
+                .await
+                .unwrap();
+        }
+    }
+
+    /// A partly duplicated source whose new profile samples only stacks
+    /// an earlier source holds: its symbol table is not read (its files
+    /// are gone from the store here), and the merged table is whole.
+    #[tokio::test]
+    async fn a_new_profile_of_known_stacks_needs_no_symbols() {
+        let store = object_store::memory::InMemory::new();
+        let name = |p: u128| ["a", "b", "a"][p as usize - 1].to_owned();
+        let first = block_named(&store, &[(1, T0 + 1, 10), (2, T0 + 2, 20)], name, |_| {}).await;
+        let second = block_named(&store, &[(2, T0 + 2, 21), (3, T0 + 3, 30)], name, |_| {}).await;
+        drop_symbols(&store, &second).await;
+        let (data, stats) = merge(&store, &[first, second]).await.unwrap();
+        assert_eq!(
+            stats,
+            MergeStats {
+                duplicates: 1,
+                rows_not_read: 1,
+                symbol_tables_not_read: 1,
+            }
+        );
+        let want: Vec<(Id, i64)> = [(1, 10), (2, 20), (3, 30)]
+            .into_iter()
+            .map(|(p, v)| (Id::from_u128(p), v))
+            .collect();
+        assert_eq!(merged_values(&data), want);
+        assert_eq!(data.symbols.functions.len(), 2);
+        assert_eq!(data.symbols.stacks.len(), 2);
     }
 
     /// A partly duplicated source of several pages: only its new
@@ -1219,9 +1310,12 @@ mod tests {
             stats,
             MergeStats {
                 duplicates: dups,
-                rows_not_read: dups
+                rows_not_read: dups,
+                symbol_tables_not_read: 0,
             }
         );
+        // The new profiles' functions came from the second table.
+        assert_eq!(data.symbols.functions.len(), n as usize);
         let got = merged_values(&data);
         let want: Vec<(Id, i64)> = (0..n)
             .map(|p| (Id::from_u128(p), if (lo..hi).contains(&p) { 2 } else { 1 }))
@@ -1250,7 +1344,8 @@ mod tests {
                 stats,
                 MergeStats {
                     duplicates: 1,
-                    rows_not_read: 0
+                    rows_not_read: 0,
+                    symbol_tables_not_read: 0,
                 },
                 "counts {counts:?}"
             );
