@@ -95,85 +95,223 @@ impl Cover {
     }
 }
 
-/// The rollup rows of `samples` (in `samples_schema`, sorted by series_id
-/// then time_nanos) for each of `widths`, in `rollup_schema` order.
-pub(crate) fn build(samples: &RecordBatch, widths: &[i64]) -> Result<RecordBatch> {
-    let series = samples
-        .column(0)
-        .as_any()
-        .downcast_ref::<FixedSizeBinaryArray>();
-    let time = samples.column(1).as_any().downcast_ref::<Int64Array>();
-    let stack = samples
-        .column(3)
-        .as_any()
-        .downcast_ref::<FixedSizeBinaryArray>();
-    let value = samples.column(4).as_any().downcast_ref::<Int64Array>();
-    let (Some(series), Some(time), Some(stack), Some(value)) = (series, time, stack, value) else {
-        return Err(crate::Error::Corrupt {
+/// The rollup rows of the samples of `batches` (in `samples_schema`, one
+/// batch after another sorted by series_id then time_nanos) for each of
+/// `widths`, in `rollup_schema` order. The batches are read where they
+/// are: a block's rows are not first copied into one batch.
+pub(crate) fn build(batches: &[RecordBatch], widths: &[i64]) -> Result<RecordBatch> {
+    let columns = batches
+        .iter()
+        .map(key_columns)
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| crate::Error::Corrupt {
             block: String::new(),
             file: crate::files::SAMPLES,
             what: "samples batch does not match its schema".into(),
-        });
-    };
+        })?;
     let mut widths: Vec<i64> = widths.iter().copied().filter(|w| *w > 0).collect();
     widths.sort_unstable();
     widths.dedup();
 
-    let mut out_series = FixedSizeBinaryBuilder::new(16);
-    let mut out_width = Int64Builder::new();
-    let mut out_start = Int64Builder::new();
-    let mut out_stack = FixedSizeBinaryBuilder::new(16);
-    let mut out_value = Int64Builder::new();
-
-    // Rows of one series are contiguous; within it time ascends, so each
-    // width's buckets close in order.
-    let n = samples.num_rows();
-    let mut i = 0;
-    while i < n {
-        let sid = series.value(i);
-        let mut j = i;
-        while j < n && series.value(j) == sid {
-            j += 1;
-        }
-        for &w in &widths {
-            let mut k = i;
-            while k < j {
-                // A bucket below i64::MIN is keyed at i64::MIN: no range
-                // ever holds it whole, so readers never use its row.
-                let b = bucket_start(time.value(k), w).unwrap_or(i64::MIN);
-                let mut totals: HashMap<&[u8], i64> = HashMap::new();
-                while k < j && bucket_start(time.value(k), w).unwrap_or(i64::MIN) == b {
-                    let e = totals.entry(stack.value(k)).or_insert(0);
-                    // Wrapping like the raw merge's SUM, so both agree.
-                    *e = e.wrapping_add(value.value(k));
-                    k += 1;
+    let mut out = Out::new();
+    // Rows of one series are contiguous, however the batches cut them;
+    // within it time ascends, so each width's buckets close in order.
+    // A series' rows are written width by width once it ends.
+    let mut open: Vec<Buckets<'_>> = widths.iter().map(|&w| Buckets::new(w)).collect();
+    let mut current: Option<&[u8]> = None;
+    for (series, time, stack, value) in columns {
+        for k in 0..series.len() {
+            let sid = series.value(k);
+            if current != Some(sid) {
+                if let Some(done) = current {
+                    out.series(done, &mut open)?;
                 }
-                let mut rows: Vec<(&[u8], i64)> = totals.into_iter().collect();
-                rows.sort_unstable();
-                for (st, v) in rows {
-                    out_series.append_value(sid)?;
-                    out_width.append_value(w);
-                    out_start.append_value(b);
-                    out_stack.append_value(st)?;
-                    out_value.append_value(v);
-                }
+                current = Some(sid);
+            }
+            let (t, st, v) = (time.value(k), stack.value(k), value.value(k));
+            for b in &mut open {
+                b.add(t, st, v);
             }
         }
-        i = j;
     }
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(out_series.finish()),
-        Arc::new(out_width.finish()),
-        Arc::new(out_start.finish()),
-        Arc::new(out_stack.finish()),
-        Arc::new(out_value.finish()),
-    ];
-    Ok(RecordBatch::try_new(rollup_schema(), cols)?)
+    if let Some(done) = current {
+        out.series(done, &mut open)?;
+    }
+    out.finish()
+}
+
+/// The columns of a samples batch that a rollup reads: series, time,
+/// stack and value.
+type KeyColumns<'a> = (
+    &'a FixedSizeBinaryArray,
+    &'a Int64Array,
+    &'a FixedSizeBinaryArray,
+    &'a Int64Array,
+);
+
+fn key_columns(b: &RecordBatch) -> Option<KeyColumns<'_>> {
+    Some((
+        b.column(0).as_any().downcast_ref()?,
+        b.column(1).as_any().downcast_ref()?,
+        b.column(3).as_any().downcast_ref()?,
+        b.column(4).as_any().downcast_ref()?,
+    ))
+}
+
+/// One width's buckets of the current series: the totals of the open
+/// bucket by stack, and the closed buckets' rows (start, stack, total).
+struct Buckets<'a> {
+    width: i64,
+    start: Option<i64>,
+    totals: HashMap<&'a [u8], i64>,
+    closed: Vec<(i64, &'a [u8], i64)>,
+}
+
+impl<'a> Buckets<'a> {
+    fn new(width: i64) -> Self {
+        Buckets {
+            width,
+            start: None,
+            totals: HashMap::new(),
+            closed: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, t: i64, stack: &'a [u8], value: i64) {
+        // A bucket below i64::MIN is keyed at i64::MIN: no range ever
+        // holds it whole, so readers never use its row.
+        let b = bucket_start(t, self.width).unwrap_or(i64::MIN);
+        if self.start != Some(b) {
+            self.close();
+            self.start = Some(b);
+        }
+        let e = self.totals.entry(stack).or_insert(0);
+        // Wrapping like the raw merge's SUM, so both agree.
+        *e = e.wrapping_add(value);
+    }
+
+    /// Moves the open bucket's totals, by stack, to the closed rows.
+    fn close(&mut self) {
+        let Some(b) = self.start.take() else { return };
+        let first = self.closed.len();
+        self.closed
+            .extend(self.totals.drain().map(|(st, v)| (b, st, v)));
+        self.closed[first..].sort_unstable();
+    }
+}
+
+/// The rollup's columns as they are built.
+struct Out {
+    series: FixedSizeBinaryBuilder,
+    width: Int64Builder,
+    start: Int64Builder,
+    stack: FixedSizeBinaryBuilder,
+    value: Int64Builder,
+}
+
+impl Out {
+    fn new() -> Self {
+        Out {
+            series: FixedSizeBinaryBuilder::new(16),
+            width: Int64Builder::new(),
+            start: Int64Builder::new(),
+            stack: FixedSizeBinaryBuilder::new(16),
+            value: Int64Builder::new(),
+        }
+    }
+
+    /// Appends the rows of series `sid`, width by width, and empties
+    /// `open` for the next series.
+    fn series(&mut self, sid: &[u8], open: &mut [Buckets<'_>]) -> Result<()> {
+        for b in open {
+            b.close();
+            for (start, st, v) in b.closed.drain(..) {
+                self.series.append_value(sid)?;
+                self.width.append_value(b.width);
+                self.start.append_value(start);
+                self.stack.append_value(st)?;
+                self.value.append_value(v);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<RecordBatch> {
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(self.series.finish()),
+            Arc::new(self.width.finish()),
+            Arc::new(self.start.finish()),
+            Arc::new(self.stack.finish()),
+            Arc::new(self.value.finish()),
+        ];
+        Ok(RecordBatch::try_new(rollup_schema(), cols)?)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rollup of rows cut into batches anywhere (inside a series, inside
+    /// a bucket) is the rollup of the same rows in one batch, and each of
+    /// its rows is the total of its series, bucket and stack.
+    #[test]
+    fn batches_cut_anywhere_give_the_rollup_of_their_rows() {
+        use std::collections::BTreeMap;
+        let h = HOUR_NANOS;
+        let id = |n: u8| fathom_model::Id([n; 16]);
+        // (series, time, stack, value), sorted by series then time.
+        let mut rows = Vec::new();
+        for s in 1..=3u8 {
+            for i in 0..40i64 {
+                let t = 5 * h + i * h / 7;
+                rows.push((id(s), t, id((i % 4) as u8), i + i64::from(s)));
+            }
+        }
+        let batch = |r: &[(fathom_model::Id, i64, fathom_model::Id, i64)]| {
+            let mut b = crate::SamplesBuilder::with_capacity(r.len());
+            for (s, t, st, v) in r {
+                b.push(s, *t, &id(9), st, *v);
+            }
+            b.finish()
+        };
+        let whole = build(&[batch(&rows)], &[h, DAY_NANOS]).unwrap();
+        for cuts in [vec![1, 2, 40, 41, 79, 80, 119], vec![17], vec![60, 61, 62]] {
+            let mut batches = Vec::new();
+            let mut from = 0;
+            for c in cuts.into_iter().chain([rows.len()]) {
+                batches.push(batch(&rows[from..c]));
+                from = c;
+            }
+            assert_eq!(build(&batches, &[DAY_NANOS, h]).unwrap(), whole);
+        }
+        let mut want: BTreeMap<([u8; 16], i64, i64, [u8; 16]), i64> = BTreeMap::new();
+        for &(s, t, st, v) in &rows {
+            for w in [h, DAY_NANOS] {
+                *want
+                    .entry((s.0, w, bucket_start(t, w).unwrap(), st.0))
+                    .or_default() += v;
+            }
+        }
+        let col = |i: usize| whole.column(i).as_any();
+        let series = col(0).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+        let width = col(1).downcast_ref::<Int64Array>().unwrap();
+        let start = col(2).downcast_ref::<Int64Array>().unwrap();
+        let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+        let value = col(4).downcast_ref::<Int64Array>().unwrap();
+        let got: Vec<(([u8; 16], i64, i64, [u8; 16]), i64)> = (0..whole.num_rows())
+            .map(|i| {
+                let key = (
+                    series.value(i).try_into().unwrap(),
+                    width.value(i),
+                    start.value(i),
+                    stack.value(i).try_into().unwrap(),
+                );
+                (key, value.value(i))
+            })
+            .collect();
+        assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+    }
 
     #[test]
     fn full_buckets_inside_a_range() {

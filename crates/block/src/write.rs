@@ -549,8 +549,8 @@ fn encode_rows(
         .collect();
     rollup_widths.sort_unstable();
     rollup_widths.dedup();
-    // The rollup is built from every row at once: its batches are kept
-    // (shared, not copied) only when it is wanted.
+    // The rollup is built from every row, read in its batches: they are
+    // kept (shared, not copied) only when it is wanted.
     let mut kept = Vec::new();
     let mut sample_rows = 0u64;
     let mut w = FileWriter::new(samples_schema(), Rows::Sorted)?;
@@ -567,13 +567,7 @@ fn encode_rows(
     let rollup_pq = if rollup_widths.is_empty() {
         None
     } else {
-        let rollup = match kept.as_slice() {
-            [one] => crate::rollup::build(one, &rollup_widths)?,
-            many => crate::rollup::build(
-                &arrow::compute::concat_batches(&samples_schema(), many)?,
-                &rollup_widths,
-            )?,
-        };
+        let rollup = crate::rollup::build(&kept, &rollup_widths)?;
         Some(to_parquet(rollup_schema(), &[rollup], Rows::Sorted)?)
     };
 
