@@ -285,7 +285,9 @@ mod tests {
             }
             assert_eq!(build(&batches, &[DAY_NANOS, h]).unwrap(), whole);
         }
-        let mut want: BTreeMap<([u8; 16], i64, i64, [u8; 16]), i64> = BTreeMap::new();
+        // (series, width, bucket start, stack)
+        type Key = ([u8; 16], i64, i64, [u8; 16]);
+        let mut want: BTreeMap<Key, i64> = BTreeMap::new();
         for &(s, t, st, v) in &rows {
             for w in [h, DAY_NANOS] {
                 *want
@@ -299,7 +301,7 @@ mod tests {
         let start = col(2).downcast_ref::<Int64Array>().unwrap();
         let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
         let value = col(4).downcast_ref::<Int64Array>().unwrap();
-        let got: Vec<(([u8; 16], i64, i64, [u8; 16]), i64)> = (0..whole.num_rows())
+        let got: Vec<(Key, i64)> = (0..whole.num_rows())
             .map(|i| {
                 let key = (
                     series.value(i).try_into().unwrap(),
