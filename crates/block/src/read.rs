@@ -80,17 +80,26 @@ const DEFAULT_ROWS: usize = 1024;
 /// rows in a few hundred batches, not thousands.
 const SAMPLE_ROWS: usize = 1 << 16;
 
+/// The whole of one of a block's files.
+async fn file_bytes(
+    store: &dyn ObjectStore,
+    meta: &BlockMeta,
+    file: &'static str,
+) -> Result<Bytes> {
+    Ok(store
+        .get(&block_file(&meta.tenant, &meta.id, file))
+        .await?
+        .bytes()
+        .await?)
+}
+
 async fn read_file_in(
     store: &dyn ObjectStore,
     meta: &BlockMeta,
     file: &'static str,
     rows: usize,
 ) -> Result<Vec<RecordBatch>> {
-    let bytes: Bytes = store
-        .get(&block_file(&meta.tenant, &meta.id, file))
-        .await?
-        .bytes()
-        .await?;
+    let bytes = file_bytes(store, meta, file).await?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?
         .with_batch_size(rows)
         .build()?;
@@ -103,10 +112,10 @@ pub async fn read_samples(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<V
 }
 
 /// The sample rows of a block at `ranges` (row numbers, ascending, not
-/// overlapping), in [`crate::samples_schema`]: pages that hold none of
-/// them are neither fetched from the bytes nor decoded (the block's page
-/// index locates them), so a compaction reads of a replica only the
-/// profiles no earlier source gave. An empty `ranges` reads nothing.
+/// overlapping), in [`crate::samples_schema`]. The file is fetched whole,
+/// but pages that hold none of the rows are not decoded (the block's page
+/// index locates them), so a compaction decodes of a replica only the
+/// profiles no earlier source gave. An empty `ranges` fetches nothing.
 pub async fn read_sample_rows(
     store: &dyn ObjectStore,
     meta: &BlockMeta,
@@ -115,11 +124,7 @@ pub async fn read_sample_rows(
     if ranges.is_empty() {
         return Ok(Vec::new());
     }
-    let bytes: Bytes = store
-        .get(&block_file(&meta.tenant, &meta.id, files::SAMPLES))
-        .await?
-        .bytes()
-        .await?;
+    let bytes = file_bytes(store, meta, files::SAMPLES).await?;
     let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
     let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options)?;
     let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);

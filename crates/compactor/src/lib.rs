@@ -289,10 +289,10 @@ fn id_col<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a FixedSizeBinaryArray
 pub struct MergeStats {
     /// Copies of profiles an earlier source holds (dropped).
     pub duplicates: u64,
-    /// Sample rows of those copies that were not read at all: a source
-    /// whose every profile an earlier one gave is not read (nor its
+    /// Sample rows of those copies that were not decoded: a source whose
+    /// every profile an earlier one gave is not fetched at all (nor its
     /// symbols), and of a partly duplicated one only the new profiles'
-    /// rows are.
+    /// rows are decoded (its samples file is still fetched whole).
     pub rows_not_read: u64,
     /// Sources whose symbol tables were not read: none of their
     /// profiles was new, or an earlier source's table holds every stack
@@ -575,7 +575,7 @@ impl Compactor {
         );
         r.register(
             "duplicate_rows_not_read",
-            "Sample rows of replica copies of profiles not read from their blocks",
+            "Sample rows of replica copies of profiles not decoded from their blocks",
             m.rows_not_read.clone(),
         );
         r.register(
