@@ -327,6 +327,12 @@ pub(crate) struct IngesterArgs {
     // An ingester uses the tenants file only for the per-tenant max_series.
     #[command(flatten)]
     tenants: TenantsArgs,
+    /// How long a head cut waits for the blocks of the ingesters that come
+    /// first for some of its series (the other replicas of those series):
+    /// it stores what their blocks do not hold, and only that. 0 stores
+    /// every head whole, as each replica did before.
+    #[arg(long, env = "FATHOM_PEER_CUT_WAIT", default_value = "10s", value_parser = parse_duration)]
+    peer_cut_wait: Duration,
 }
 
 pub(crate) async fn ingester(
@@ -351,6 +357,7 @@ pub(crate) async fn ingester(
         Arc::new(client.clone()),
         &mut registry,
     )?;
+    ingester.set_peers(a.node.ring(&client), a.peer_cut_wait);
     // Joins the ring only now that the WAL is replayed (Ingester::open).
     a.node
         .serve(

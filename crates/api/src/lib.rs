@@ -14,6 +14,7 @@ pub mod auth;
 pub mod cluster;
 pub mod connect;
 pub mod metrics;
+pub mod ring;
 pub mod secret;
 pub mod ticket;
 pub mod trace_context;

@@ -176,7 +176,8 @@ struct SortedRows {
 }
 
 impl SortedRows {
-    fn new(chunks: Vec<Chunk>) -> Self {
+    /// The rows of `chunks`' profiles, or of those `keep` names.
+    fn new(chunks: Vec<Chunk>, keep: Option<&IdSet>) -> Self {
         let mut order: Vec<(usize, usize)> = chunks
             .iter()
             .enumerate()
@@ -184,7 +185,9 @@ impl SortedRows {
                 chunk
                     .iter()
                     .enumerate()
-                    .filter(|(_, p)| !p.samples.is_empty())
+                    .filter(|(_, p)| {
+                        !p.samples.is_empty() && keep.is_none_or(|k| k.contains(&p.profile_id))
+                    })
                     .map(move |(i, _)| (c, i))
             })
             .collect();
@@ -293,6 +296,57 @@ impl TenantHead {
                 rollup_widths_nanos: Vec::new(),
             },
             chunks: self.chunks.clone(),
+            keep: None,
+        }
+    }
+
+    /// The block of the profiles `keep` names, a part of this head: the
+    /// series they belong to (each spanning its kept profiles' times) and
+    /// the symbols their samples name, nothing else.
+    pub(crate) fn to_block_of(&self, tenant: String, source: String, keep: IdSet) -> UnbuiltBlock {
+        let mut series: IdMap<SeriesRow> = IdMap::default();
+        let mut profiles = Vec::with_capacity(keep.len());
+        for p in self
+            .profiles
+            .iter()
+            .filter(|p| keep.contains(&p.profile_id))
+        {
+            if let Some(s) = series.get_mut(&p.series_id) {
+                s.include(p.time_nanos);
+            } else if let Some(s) = self.series.get(&p.series_id) {
+                let mut s = s.clone();
+                s.min_time_nanos = p.time_nanos;
+                s.max_time_nanos = p.time_nanos;
+                series.insert(p.series_id, s);
+            }
+            profiles.push(p.clone());
+        }
+        let mut stacks = IdSet::default();
+        let kept = self.chunks.iter().flat_map(|c| c.iter());
+        for p in kept.filter(|p| keep.contains(&p.profile_id)) {
+            let mut last = None;
+            for s in &p.samples {
+                // A profile's samples usually come in stack order.
+                if last != Some(s.stack) {
+                    stacks.insert(s.stack);
+                    last = Some(s.stack);
+                }
+            }
+        }
+        UnbuiltBlock {
+            data: BlockData {
+                tenant,
+                source,
+                level: 0,
+                compacted_from: Vec::new(),
+                series: series.into_values().collect(),
+                profiles,
+                samples: Vec::new(),
+                symbols: Arc::new(self.symbols.subset(&stacks)),
+                rollup_widths_nanos: Vec::new(),
+            },
+            chunks: self.chunks.clone(),
+            keep: Some(keep),
         }
     }
 
@@ -312,20 +366,22 @@ impl TenantHead {
 pub(crate) struct UnbuiltBlock {
     data: BlockData,
     chunks: Vec<Chunk>,
+    /// The profiles of `chunks` the block holds; none: every one.
+    keep: Option<IdSet>,
 }
 
 impl UnbuiltBlock {
     /// The block's files, its sample rows built from the head's chunks a
     /// batch at a time as they are encoded ([`SortedRows`]).
     pub(crate) fn encode(self) -> Result<EncodedBlock, fathom_block::Error> {
-        let UnbuiltBlock { data, chunks } = self;
-        fathom_block::encode_sorted_block(&data, SortedRows::new(chunks))
+        let UnbuiltBlock { data, chunks, keep } = self;
+        fathom_block::encode_sorted_block(&data, SortedRows::new(chunks, keep.as_ref()))
     }
 
     /// The sample rows [`UnbuiltBlock::encode`] writes, in its order.
     #[cfg(test)]
     fn sorted_rows(self) -> Vec<RecordBatch> {
-        SortedRows::new(self.chunks).collect()
+        SortedRows::new(self.chunks, self.keep.as_ref()).collect()
     }
 }
 

@@ -59,8 +59,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use fathom_api::cluster::Ingesters;
 use fathom_block::{BlockIndex, BlockMeta};
-use fathom_model::{HeldStacks, Id, IdSet, IngestBatch, Symbols, TenantId};
+use fathom_model::{HeldStacks, Id, IdMap, IdSet, IngestBatch, Symbols, TenantId};
 use object_store::ObjectStore;
 use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
@@ -163,6 +164,11 @@ pub struct Config {
 
 struct Pending {
     wal_segment: u64,
+    /// When the heads were frozen, and when the ones before them were
+    /// (unix milliseconds): which peers' blocks can hold their profiles
+    /// ([`Ingester::left_to_peers`]).
+    frozen_ms: i64,
+    since_ms: i64,
     /// Estimated bytes of `heads`.
     bytes: usize,
     heads: Arc<HashMap<String, TenantHead>>,
@@ -176,6 +182,8 @@ struct State {
     /// Estimated bytes of the heads in `pending`.
     pending_bytes: usize,
     pending: VecDeque<Pending>,
+    /// When the active heads began: the last cut (unix milliseconds).
+    active_since_ms: i64,
 }
 
 impl State {
@@ -205,6 +213,27 @@ struct Metrics {
     /// [`fathom_api::metrics::Seconds::slow`].
     block_encode_seconds: fathom_api::metrics::Seconds,
     block_store_seconds: fathom_api::metrics::Seconds,
+    /// A cut's wait for its peers' blocks ([`Ingester::left_to_peers`]).
+    peer_wait_seconds: fathom_api::metrics::Seconds,
+    left_to_peers: Counter,
+    kept_from_peers: Counter,
+}
+
+/// The live ingesters this one shares series with, and how long a cut
+/// waits for their blocks ([`Ingester::set_peers`]).
+struct Peers {
+    ring: Arc<dyn Ingesters>,
+    wait: Duration,
+}
+
+/// A frozen head's profiles by which live ingester comes first for
+/// their series ([`fathom_api::ring::replicas`]).
+struct Split {
+    /// Those whose series this ingester comes first for.
+    mine: IdSet,
+    /// The others: (profile, time, index in `peers` of the first one).
+    theirs: Vec<(Id, i64, usize)>,
+    peers: Vec<String>,
 }
 
 /// The ingester; see the crate documentation.
@@ -218,6 +247,7 @@ pub struct Ingester {
     flush_lock: tokio::sync::Mutex<()>,
     last_flush: parking_lot::Mutex<Instant>,
     series_limit: RwLock<Option<SeriesLimit>>,
+    peers: RwLock<Option<Peers>>,
     /// How many cuts have replaced the heads: what a batch built against
     /// a head's stacks ([`Ingester::held_stacks`]) is checked with.
     generation: AtomicU64,
@@ -271,6 +301,7 @@ impl Ingester {
         let m = Metrics {
             block_encode_seconds: fathom_api::metrics::Seconds::slow(),
             block_store_seconds: fathom_api::metrics::Seconds::slow(),
+            peer_wait_seconds: fathom_api::metrics::Seconds::slow(),
             ..Metrics::default()
         };
         let r = registry.sub_registry_with_prefix("fathom_ingester");
@@ -316,6 +347,21 @@ impl Ingester {
             "block_store_seconds",
             "Seconds a head cut takes to store its encoded block and add it to the block index (retries included)",
             m.block_store_seconds.histogram(),
+        );
+        r.register(
+            "peer_cut_wait_seconds",
+            "Seconds a head cut waits for the blocks of the ingesters that come first for some of its series",
+            m.peer_wait_seconds.histogram(),
+        );
+        r.register(
+            "profiles_left_to_peers",
+            "Profiles a head cut did not store because the block of the ingester that comes first for their series holds them",
+            m.left_to_peers.clone(),
+        );
+        r.register(
+            "profiles_kept_from_peers",
+            "Profiles of series another ingester comes first for that a head cut stored itself (no block of that ingester held them in time)",
+            m.kept_from_peers.clone(),
         );
         r.register(
             "block_bytes",
@@ -373,7 +419,10 @@ impl Ingester {
             m.not_held.clone(),
         );
 
-        let mut state = State::default();
+        let mut state = State {
+            active_since_ms: now_ms(),
+            ..State::default()
+        };
         let mut bad = 0usize;
         let mut seen = 0usize;
         let mut unknown_version = None;
@@ -420,6 +469,7 @@ impl Ingester {
             flush_lock: tokio::sync::Mutex::new(()),
             last_flush: parking_lot::Mutex::new(Instant::now()),
             series_limit: RwLock::new(None),
+            peers: RwLock::new(None),
             generation: AtomicU64::new(0),
             // The clock's nanoseconds: a restarted ingester's heads count
             // on from past every number the last run gave out.
@@ -435,6 +485,21 @@ impl Ingester {
     /// limit is lowered; a cut head no longer counts.
     pub fn set_series_limit(&self, limit: SeriesLimit) {
         *self.series_limit.write() = Some(limit);
+    }
+
+    /// Shares the storing of blocks with the other live ingesters of
+    /// `ring`. A cut stores at once the profiles of the series this
+    /// ingester comes first for ([`fathom_api::ring::replicas`], the
+    /// distributors' placement), and waits up to `wait` for the blocks of
+    /// the ingesters that come first for the others. Of those it stores
+    /// only what no such block holds: the profiles those ingesters did not
+    /// get (down, or a write that reached a quorum without them), or got
+    /// after their cut. Either way every profile of the head is in a
+    /// stored, indexed block before its WAL segment goes. A zero `wait`,
+    /// a ring this ingester is not in, or a shutdown's cut stores the
+    /// head whole.
+    pub fn set_peers(&self, ring: Arc<dyn Ingesters>, wait: Duration) {
+        *self.peers.write() = Some(Peers { ring, wait });
     }
 
     /// Refuses `batch` if it would create series beyond its tenant's limit.
@@ -751,9 +816,13 @@ impl Ingester {
                 self.generation.fetch_add(1, Ordering::AcqRel);
                 let heads = std::mem::take(&mut st.active);
                 let bytes = std::mem::take(&mut st.active_bytes);
+                let frozen_ms = now_ms();
+                let since_ms = std::mem::replace(&mut st.active_since_ms, frozen_ms);
                 st.pending_bytes += bytes;
                 st.pending.push_back(Pending {
                     wal_segment: seg,
+                    frozen_ms,
+                    since_ms,
                     bytes,
                     heads: Arc::new(heads),
                     done: HashSet::new(),
@@ -765,19 +834,52 @@ impl Ingester {
         loop {
             let next = {
                 let st = self.state.read();
-                st.pending
-                    .front()
-                    .map(|p| (p.wal_segment, p.heads.clone(), p.done.clone()))
+                st.pending.front().map(|p| {
+                    (
+                        p.wal_segment,
+                        (p.since_ms, p.frozen_ms),
+                        p.heads.clone(),
+                        p.done.clone(),
+                    )
+                })
             };
-            let Some((seg, heads, done)) = next else {
+            let Some((seg, times, heads, done)) = next else {
                 break;
             };
             for (tenant, head) in heads.iter() {
                 if head.is_empty() || done.contains(tenant) {
                     continue;
                 }
-                let meta = self.store_head(tenant, head, deadline).await?;
-                written.push(meta);
+                // A shutdown's cut stores its heads whole: the peers may
+                // be stopping too.
+                let split = match deadline {
+                    None => self.split(tenant, head).await,
+                    Some(_) => None,
+                };
+                match split {
+                    None => {
+                        let block = head.to_block(tenant.to_owned(), self.cfg.name.clone());
+                        written.push(self.store_block(tenant, block, deadline).await?);
+                    }
+                    Some(split) => {
+                        let Split {
+                            mine,
+                            theirs,
+                            peers,
+                        } = split;
+                        if !mine.is_empty() {
+                            let block =
+                                head.to_block_of(tenant.to_owned(), self.cfg.name.clone(), mine);
+                            written.push(self.store_block(tenant, block, deadline).await?);
+                        }
+                        let rest = self.left_to_peers(tenant, theirs, &peers, times).await;
+                        if !rest.is_empty() {
+                            let block =
+                                head.to_block_of(tenant.to_owned(), self.cfg.name.clone(), rest);
+                            written.push(self.store_block(tenant, block, deadline).await?);
+                        }
+                    }
+                }
                 if let Some(p) = self.state.write().pending.front_mut() {
                     p.done.insert(tenant.clone());
                 }
@@ -796,14 +898,163 @@ impl Ingester {
         Ok(written)
     }
 
-    async fn store_head(
+    /// A frozen head's profiles by the live ingester that comes first
+    /// for their series; none when this ingester has no peers (none set,
+    /// the ring unread, this ingester not in it) or comes first for every
+    /// series: then the head is stored whole.
+    async fn split(&self, tenant: &str, head: &TenantHead) -> Option<Split> {
+        let ring = {
+            let peers = self.peers.read();
+            let p = peers.as_ref()?;
+            if p.wait.is_zero() {
+                return None;
+            }
+            p.ring.clone()
+        };
+        let live = match ring.ingesters().await {
+            Ok(live) => live,
+            Err(e) => {
+                tracing::warn!(error = %e, "the ring could not be read: the cut stores every series");
+                return None;
+            }
+        };
+        if live.len() < 2 || !live.iter().any(|m| m.id == self.cfg.name) {
+            return None;
+        }
+        let tenant_id = TenantId::new(tenant).ok()?;
+        let mut peers: Vec<String> = Vec::new();
+        // Series → the index in `peers` of the ingester first for it;
+        // none when it is this one.
+        let mut first: IdMap<Option<usize>> = IdMap::default();
+        for (sid, row) in &head.series {
+            let key = fathom_api::ring::RingKey::of(&tenant_id, &row.labels);
+            let to = fathom_api::ring::replicas(&live, &key, 1);
+            let peer = match to.into_iter().next() {
+                Some(m) if m.id != self.cfg.name => {
+                    Some(match peers.iter().position(|p| *p == m.id) {
+                        Some(i) => i,
+                        None => {
+                            peers.push(m.id);
+                            peers.len() - 1
+                        }
+                    })
+                }
+                _ => None,
+            };
+            first.insert(*sid, peer);
+        }
+        if peers.is_empty() {
+            return None;
+        }
+        let mut mine = IdSet::default();
+        let mut theirs = Vec::new();
+        for p in &head.profiles {
+            match first.get(&p.series_id).copied().flatten() {
+                Some(peer) => theirs.push((p.profile_id, p.time_nanos, peer)),
+                None => {
+                    mine.insert(p.profile_id);
+                }
+            }
+        }
+        Some(Split {
+            mine,
+            theirs,
+            peers,
+        })
+    }
+
+    /// Which of `theirs` (profiles whose series `peers` come first for)
+    /// this ingester must store itself: those that no level-0 block of
+    /// the peer holds once every peer named has stored a block made since
+    /// the head was frozen (`times`: when the head began and was frozen,
+    /// unix milliseconds), or once the wait ([`Ingester::set_peers`]) is
+    /// over. Blocks made before the head began are not looked at (their
+    /// profiles came before this head's, bar a late replica's).
+    async fn left_to_peers(
         &self,
         tenant: &str,
-        head: &TenantHead,
+        mut theirs: Vec<(Id, i64, usize)>,
+        peers: &[String],
+        (since_ms, frozen_ms): (i64, i64),
+    ) -> IdSet {
+        let wait = self
+            .peers
+            .read()
+            .as_ref()
+            .map_or(Duration::ZERO, |p| p.wait);
+        let start = Instant::now();
+        let total = theirs.len();
+        let (lo, hi) = theirs
+            .iter()
+            .fold((i64::MAX, i64::MIN), |(lo, hi), &(_, t, _)| {
+                (lo.min(t), hi.max(t))
+            });
+        let mut looked: HashSet<String> = HashSet::new();
+        let mut covered = IdSet::default();
+        let mut cut_since = vec![false; peers.len()];
+        loop {
+            match self.index.blocks(tenant, lo, hi).await {
+                Ok(blocks) => {
+                    for b in blocks {
+                        let Some(peer) = peers.iter().position(|p| *p == b.source) else {
+                            continue;
+                        };
+                        if b.level != 0
+                            || b.created_at_ms < since_ms
+                            || !looked.insert(b.id.clone())
+                        {
+                            continue;
+                        }
+                        match fathom_block::read_profiles(self.store.as_ref(), &b).await {
+                            Ok(rows) => {
+                                covered.extend(rows.iter().map(|r| r.profile_id));
+                                if b.created_at_ms >= frozen_ms {
+                                    cut_since[peer] = true;
+                                }
+                            }
+                            Err(e) => {
+                                tracing::debug!(block_id = %b.id, error = %e, "a peer's block could not be read");
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(tenant, error = %e, "the block index could not be read: the cut stores its peers' series");
+                    break;
+                }
+            }
+            theirs.retain(|(id, _, _)| !covered.contains(id));
+            let waited = start.elapsed();
+            if theirs.is_empty()
+                || theirs.iter().all(|&(_, _, peer)| cut_since[peer])
+                || waited >= wait
+            {
+                break;
+            }
+            tokio::time::sleep((wait - waited).min(Duration::from_millis(100))).await;
+        }
+        let waited = start.elapsed();
+        self.m.peer_wait_seconds.observe(waited);
+        let left = total - theirs.len();
+        self.m.left_to_peers.inc_by(left as u64);
+        self.m.kept_from_peers.inc_by(theirs.len() as u64);
+        tracing::debug!(
+            tenant,
+            left_to_peers = left,
+            kept = theirs.len(),
+            waited_ms = waited.as_millis() as u64,
+            "peers' blocks hold the profiles left to them"
+        );
+        theirs.into_iter().map(|(id, _, _)| id).collect()
+    }
+
+    async fn store_block(
+        &self,
+        tenant: &str,
+        block: head::UnbuiltBlock,
         deadline: Option<Instant>,
     ) -> Result<BlockMeta, Error> {
         let start = Instant::now();
-        let block = head.to_block(tenant.to_owned(), self.cfg.name.clone());
         let (meta, files) = tokio::task::spawn_blocking(move || block.encode())
             .await
             .map_err(Error::EncodeTask)??;
@@ -879,8 +1130,18 @@ impl Ingester {
     }
 }
 
+/// The clock's unix milliseconds (a block's `created_at_ms`).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 #[cfg(test)]
 mod replication_tests;
+
+#[cfg(test)]
+mod peer_cut_tests;
 
 #[cfg(test)]
 mod tests {
