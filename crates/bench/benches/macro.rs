@@ -1190,7 +1190,7 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     // filled it: a run that cuts where the other does not is not like
     // for like (docs/benchmarks.md, twenty-ninth session).
     println!(
-        "info: head cuts during the runs: the single process {one_cuts}; the cluster's three ingesters {rf3_cuts} (each replica cuts its own copy); FATHOM_BENCH_INGEST_SECS={secs}, FATHOM_BENCH_INGEST_WARMUP_SECS={}",
+        "info: head cuts during the runs: the single process {one_cuts}; the cluster's three ingesters {rf3_cuts} (each replica stores the series it comes first for); FATHOM_BENCH_INGEST_SECS={secs}, FATHOM_BENCH_INGEST_WARMUP_SECS={}",
         ingest_warmup_secs()
     );
     print_prost_ratio(
@@ -1378,6 +1378,11 @@ struct HeadCuts {
     /// and how many were encoded.
     encode_s: f64,
     encoded: f64,
+    /// Profiles a cut left to the block of the ingester first for their
+    /// series, and those it stored itself for want of one
+    /// (`fathom_ingester_profiles_left_to_peers_total`, `…_kept_from_peers_total`).
+    left: f64,
+    kept: f64,
 }
 
 impl HeadCuts {
@@ -1388,6 +1393,8 @@ impl HeadCuts {
             cutting: self.cutting,
             encode_s: self.encode_s - before.encode_s,
             encoded: self.encoded - before.encoded,
+            left: self.left - before.left,
+            kept: self.kept - before.kept,
         }
     }
 }
@@ -1396,12 +1403,14 @@ impl std::fmt::Display for HeadCuts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} stored, {} under way at the end ({:.2} s encoding {} cuts, {:.3} s each)",
+            "{} stored, {} under way at the end ({:.2} s encoding {} cuts, {:.3} s each; {} profiles left to the peer first for their series, {} kept for want of its block)",
             self.stored,
             self.cutting,
             self.encode_s,
             self.encoded,
-            self.encode_s / self.encoded.max(1.0)
+            self.encode_s / self.encoded.max(1.0),
+            self.left,
+            self.kept
         )
     }
 }
@@ -1415,6 +1424,8 @@ async fn head_cuts(urls: &[String]) -> HeadCuts {
         out.stored += counter(u, "fathom_ingester_blocks_flushed_total").await;
         out.encode_s += counter(u, "fathom_ingester_block_encode_seconds_sum").await;
         out.encoded += counter(u, "fathom_ingester_block_encode_seconds_count").await;
+        out.left += counter(u, "fathom_ingester_profiles_left_to_peers_total").await;
+        out.kept += counter(u, "fathom_ingester_profiles_kept_from_peers_total").await;
         let live = counter(u, "fathom_ingester_head_bytes").await;
         let held = counter(u, "fathom_ingester_head_memory_bytes").await;
         if held > live {

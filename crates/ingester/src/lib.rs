@@ -171,7 +171,7 @@ struct Pending {
     since_ms: i64,
     /// Estimated bytes of `heads`.
     bytes: usize,
-    heads: Arc<HashMap<String, TenantHead>>,
+    heads: Arc<HashMap<String, Arc<TenantHead>>>,
     done: HashSet<String>,
 }
 
@@ -224,6 +224,13 @@ struct Metrics {
 struct Peers {
     ring: Arc<dyn Ingesters>,
     wait: Duration,
+}
+
+/// What a block cut from a head holds.
+enum Part {
+    Whole,
+    /// The profiles of these ids.
+    Of(IdSet),
 }
 
 /// A frozen head's profiles by which live ingester comes first for
@@ -779,7 +786,7 @@ impl Ingester {
         let heads = st.active.get(tenant.as_str()).into_iter().chain(
             st.pending
                 .iter()
-                .filter_map(|p| p.heads.get(tenant.as_str())),
+                .filter_map(|p| p.heads.get(tenant.as_str()).map(|h| &**h)),
         );
         for h in heads {
             out.merge(&h.symbols.subset(stacks));
@@ -824,7 +831,7 @@ impl Ingester {
                     frozen_ms,
                     since_ms,
                     bytes,
-                    heads: Arc::new(heads),
+                    heads: Arc::new(heads.into_iter().map(|(t, h)| (t, Arc::new(h))).collect()),
                     done: HashSet::new(),
                 });
             }
@@ -858,8 +865,8 @@ impl Ingester {
                 };
                 match split {
                     None => {
-                        let block = head.to_block(tenant.to_owned(), self.cfg.name.clone());
-                        written.push(self.store_block(tenant, block, deadline).await?);
+                        let part = Part::Whole;
+                        written.push(self.store_part(head, tenant, part, deadline).await?);
                     }
                     Some(split) => {
                         let Split {
@@ -868,15 +875,13 @@ impl Ingester {
                             peers,
                         } = split;
                         if !mine.is_empty() {
-                            let block =
-                                head.to_block_of(tenant.to_owned(), self.cfg.name.clone(), mine);
-                            written.push(self.store_block(tenant, block, deadline).await?);
+                            let part = Part::Of(mine);
+                            written.push(self.store_part(head, tenant, part, deadline).await?);
                         }
                         let rest = self.left_to_peers(tenant, theirs, &peers, times).await;
                         if !rest.is_empty() {
-                            let block =
-                                head.to_block_of(tenant.to_owned(), self.cfg.name.clone(), rest);
-                            written.push(self.store_block(tenant, block, deadline).await?);
+                            let part = Part::Of(rest);
+                            written.push(self.store_part(head, tenant, part, deadline).await?);
                         }
                     }
                 }
@@ -1048,16 +1053,27 @@ impl Ingester {
         theirs.into_iter().map(|(id, _, _)| id).collect()
     }
 
-    async fn store_block(
+    /// Encodes the block of `part` of `tenant`'s `head` (on the
+    /// blocking pool: a part's symbols are found by reading its samples),
+    /// stores it and adds it to the index.
+    async fn store_part(
         &self,
+        head: &Arc<TenantHead>,
         tenant: &str,
-        block: head::UnbuiltBlock,
+        part: Part,
         deadline: Option<Instant>,
     ) -> Result<BlockMeta, Error> {
         let start = Instant::now();
-        let (meta, files) = tokio::task::spawn_blocking(move || block.encode())
-            .await
-            .map_err(Error::EncodeTask)??;
+        let (head, t, source) = (head.clone(), tenant.to_owned(), self.cfg.name.clone());
+        let (meta, files) = tokio::task::spawn_blocking(move || {
+            match part {
+                Part::Whole => head.to_block(t, source),
+                Part::Of(keep) => head.to_block_of(t, source, keep),
+            }
+            .encode()
+        })
+        .await
+        .map_err(Error::EncodeTask)??;
         let encoded = start.elapsed();
         self.m.block_encode_seconds.observe(encoded);
         let mut backoff = Duration::from_millis(200);
