@@ -969,12 +969,16 @@ impl Ingester {
     }
 
     /// Which of `theirs` (profiles whose series `peers` come first for)
-    /// this ingester must store itself: those that no level-0 block of
-    /// the peer holds once every peer named has stored a block made since
-    /// the head was frozen (`times`: when the head began and was frozen,
-    /// unix milliseconds), or once the wait ([`Ingester::set_peers`]) is
-    /// over. Blocks made before the head began are not looked at (their
-    /// profiles came before this head's, bar a late replica's).
+    /// this ingester must store itself: those that no level-0 block of a
+    /// peer holds once each peer first for one of them has stored, since
+    /// the head was frozen, a block with profiles of this head whose
+    /// series it comes first for (its cut after this one's, or the one
+    /// before it if that came after some of this head's writes: what the
+    /// peer got later it stores at its next cut, too late to wait for),
+    /// or once the wait ([`Ingester::set_peers`]) is over. `times`: when
+    /// the head began and was frozen, unix milliseconds. Blocks made
+    /// before the head began are not looked at (their profiles came
+    /// before this head's, bar a late replica's).
     async fn left_to_peers(
         &self,
         tenant: &str,
@@ -994,8 +998,11 @@ impl Ingester {
             .fold((i64::MAX, i64::MIN), |(lo, hi), &(_, t, _)| {
                 (lo.min(t), hi.max(t))
             });
+        let first: IdMap<usize> = theirs.iter().map(|&(id, _, peer)| (id, peer)).collect();
         let mut looked: HashSet<String> = HashSet::new();
         let mut covered = IdSet::default();
+        // Per peer: has it stored, since the freeze, a block of the
+        // series it comes first for (not the rest of an earlier cut)?
         let mut cut_since = vec![false; peers.len()];
         loop {
             match self.index.blocks(tenant, lo, hi).await {
@@ -1012,10 +1019,13 @@ impl Ingester {
                         }
                         match fathom_block::read_profiles(self.store.as_ref(), &b).await {
                             Ok(rows) => {
-                                covered.extend(rows.iter().map(|r| r.profile_id));
-                                if b.created_at_ms >= frozen_ms {
+                                let own = |r: &fathom_block::ProfileRow| {
+                                    first.get(&r.profile_id) == Some(&peer)
+                                };
+                                if b.created_at_ms >= frozen_ms && rows.iter().any(own) {
                                     cut_since[peer] = true;
                                 }
+                                covered.extend(rows.iter().map(|r| r.profile_id));
                             }
                             Err(e) => {
                                 tracing::debug!(block_id = %b.id, error = %e, "a peer's block could not be read");
@@ -1043,12 +1053,12 @@ impl Ingester {
         let left = total - theirs.len();
         self.m.left_to_peers.inc_by(left as u64);
         self.m.kept_from_peers.inc_by(theirs.len() as u64);
-        tracing::debug!(
+        tracing::info!(
             tenant,
             left_to_peers = left,
             kept = theirs.len(),
             waited_ms = waited.as_millis() as u64,
-            "peers' blocks hold the profiles left to them"
+            "cut: the blocks of the ingesters first for their series hold the profiles left to them"
         );
         theirs.into_iter().map(|(id, _, _)| id).collect()
     }

@@ -234,3 +234,53 @@ async fn a_shutdown_cut_or_a_zero_wait_stores_the_head_whole() {
         assert_eq!(blocks[0].stats.profiles, 12);
     }
 }
+
+/// A peer's block made after this cut froze its head that holds none of
+/// the series the peer comes first for (the rest of the peer's earlier
+/// cut) does not end the wait: the cut waits on for the peer's own
+/// series, and stores nothing its block then holds.
+#[tokio::test]
+async fn the_rest_of_a_peers_earlier_cut_does_not_end_the_wait() {
+    let c = cluster(Duration::from_secs(20));
+    let mut by_first: BTreeMap<String, String> = BTreeMap::new();
+    for i in 0..100 {
+        by_first.entry(first_for(&svc(i))).or_insert_with(|| svc(i));
+        if by_first.len() == 3 {
+            break;
+        }
+    }
+    let (a, b) = (c.ingesters[0].clone(), c.ingesters[1].clone());
+    // b stores what c comes first for after a short wait (c stores nothing).
+    b.set_peers(
+        Arc::new(StaticIngesters(ring())),
+        Duration::from_millis(100),
+    );
+    let b_svc = by_first[NAMES[1]].clone();
+    let c_svc = by_first[NAMES[2]].clone();
+    for seed in 1..=3u64 {
+        a.write(profile(seed, &b_svc)).await.unwrap();
+    }
+    let a_cut = tokio::spawn(async move { a.flush(None).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // After a's freeze: b's block of c's series alone...
+    // (within the time range of a's profiles, which a looks up)
+    let mut other = profile(10, &c_svc);
+    other.profiles[0].time_nanos = 1_002;
+    b.write(other).await.unwrap();
+    let rest = b.flush(None).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!a_cut.is_finished(), "a stopped waiting at b's other block");
+    // ... then b's own series.
+    for seed in 1..=3u64 {
+        b.write(profile(seed, &b_svc)).await.unwrap();
+    }
+    b.flush(None).await.unwrap();
+    let a_blocks = a_cut.await.unwrap();
+    assert!(a_blocks.is_empty(), "a stored {a_blocks:?}");
+    let stored = c.stored().await;
+    for seed in 1..=3u64 {
+        let id = profile(seed, &b_svc).profiles[0].id;
+        assert_eq!(stored[&id], vec![NAMES[1].to_owned()], "profile {seed}");
+    }
+}
