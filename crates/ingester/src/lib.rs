@@ -226,6 +226,9 @@ struct Peers {
     wait: Duration,
 }
 
+/// How often a cut waiting for its peers' blocks looks for new ones.
+const PEER_POLL: Duration = Duration::from_millis(250);
+
 /// What a block cut from a head holds.
 enum Part {
     Whole,
@@ -1046,7 +1049,8 @@ impl Ingester {
             {
                 break;
             }
-            tokio::time::sleep((wait - waited).min(Duration::from_millis(100))).await;
+            // Each look is a read of the block index (the metastore's).
+            tokio::time::sleep((wait - waited).min(PEER_POLL)).await;
         }
         let waited = start.elapsed();
         self.m.peer_wait_seconds.observe(waited);
