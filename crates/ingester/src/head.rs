@@ -281,23 +281,16 @@ impl TenantHead {
     }
 
     /// The block of this head, its sample rows not yet built
-    /// ([`UnbuiltBlock::build`], CPU work for the blocking pool).
+    /// ([`UnbuiltBlock::encode`], CPU work for the blocking pool).
     pub(crate) fn to_block(&self, tenant: String, source: String) -> UnbuiltBlock {
-        UnbuiltBlock {
-            data: BlockData {
-                tenant,
-                source,
-                level: 0,
-                compacted_from: Vec::new(),
-                series: self.series.values().cloned().collect(),
-                profiles: self.profiles.clone(),
-                samples: Vec::new(),
-                symbols: Arc::clone(&self.symbols),
-                rollup_widths_nanos: Vec::new(),
-            },
-            chunks: self.chunks.clone(),
-            keep: None,
-        }
+        let series = self.series.values().cloned().collect();
+        let symbols = Arc::clone(&self.symbols);
+        self.unbuilt(
+            tenant,
+            source,
+            (series, self.profiles.clone(), symbols),
+            None,
+        )
     }
 
     /// The block of the profiles `keep` names, a part of this head: the
@@ -333,20 +326,34 @@ impl TenantHead {
                 }
             }
         }
+        let symbols = Arc::new(self.symbols.subset(&stacks));
+        let rows = (series.into_values().collect(), profiles, symbols);
+        self.unbuilt(tenant, source, rows, Some(keep))
+    }
+
+    /// A level-0 block of these series, profiles and symbols, whose rows
+    /// are those of the head's profiles `keep` names (all: none).
+    fn unbuilt(
+        &self,
+        tenant: String,
+        source: String,
+        (series, profiles, symbols): (Vec<SeriesRow>, Vec<ProfileRow>, Arc<Symbols>),
+        keep: Option<IdSet>,
+    ) -> UnbuiltBlock {
         UnbuiltBlock {
             data: BlockData {
                 tenant,
                 source,
                 level: 0,
                 compacted_from: Vec::new(),
-                series: series.into_values().collect(),
+                series,
                 profiles,
                 samples: Vec::new(),
-                symbols: Arc::new(self.symbols.subset(&stacks)),
+                symbols,
                 rollup_widths_nanos: Vec::new(),
             },
             chunks: self.chunks.clone(),
-            keep: Some(keep),
+            keep,
         }
     }
 

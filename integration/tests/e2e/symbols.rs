@@ -1318,19 +1318,33 @@ fn cluster_compactor_writes_functions_into_blocks() {
         .as_secs() as i64;
     // In the previous hour: a window the compactor merges at once.
     let t = now / 3600 * 3600 - 1800;
-    let body = address_pprof_many(&c, &[(co.clone(), 5)], t);
-    let r = reqwest::blocking::Client::new()
-        .post(cl.distributors[0].url("/ingest"))
-        .query(&[
-            ("name", "chainc.cpu"),
-            ("format", "pprof"),
-            ("from", &t.to_string()),
-        ])
-        .body(body)
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    // Every replica's level-0 block merged into one compacted block.
+    let send = |at: i64| {
+        let body = address_pprof_many(&c, &[(co.clone(), 5)], at);
+        let r = reqwest::blocking::Client::new()
+            .post(cl.distributors[0].url("/ingest"))
+            .query(&[
+                ("name", "chainc.cpu"),
+                ("format", "pprof"),
+                ("from", &at.to_string()),
+            ])
+            .body(body)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    };
+    // Two cuts: the replicas store one copy of a cut between them (the
+    // ingester first for the series), and a level-0 block alone in its
+    // window is left as it is, so a second block gives the compactor a
+    // window to merge.
+    send(t);
+    eventually(Duration::from_secs(60), || {
+        match cl.blocks("anonymous").map_err(|e| e.to_string())?.len() {
+            0 => Err("no block yet".to_owned()),
+            _ => Ok(()),
+        }
+    });
+    send(t + 1);
+    // The level-0 blocks merged into one compacted block.
     eventually(Duration::from_secs(90), || {
         let blocks = cl.blocks("anonymous").map_err(|e| e.to_string())?;
         match blocks.as_slice() {
@@ -1358,7 +1372,8 @@ fn cluster_compactor_writes_functions_into_blocks() {
         got,
         BTreeMap::from([(
             "main;outer_caller;inlined_middle;spin_leaf".to_owned(),
-            50_000_000
+            // Both writes: 5 samples of 10 ms each.
+            100_000_000
         )])
     );
 }
