@@ -583,6 +583,46 @@ mod tests {
         assert_eq!(meta.stats.samples, want.len() as u64);
     }
 
+    /// A part of a head ([`TenantHead::to_block_of`]): the kept profiles,
+    /// their series spanning the kept profiles' times alone, and only the
+    /// symbols their samples name.
+    #[test]
+    fn a_part_holds_its_profiles_their_series_and_symbols_alone() {
+        let mut h = TenantHead::default();
+        for (seed, svc) in [(1, "a"), (2, "a"), (3, "b")] {
+            let mut b = crate::tests::batch("t", seed, 1);
+            b.profiles[0].labels =
+                fathom_model::Labels::from_pairs([("service_name", svc)]).unwrap();
+            h.apply(b);
+        }
+        assert_eq!(h.symbols.stacks.len(), 3);
+        // Profiles 2 (of "a", whose series also has 1) and 3.
+        let keep: IdSet = h
+            .profiles
+            .iter()
+            .filter(|p| p.time_nanos != 1_001)
+            .map(|p| p.profile_id)
+            .collect();
+        let block = h.to_block_of("t".into(), "test".into(), keep.clone());
+        let got: IdSet = block.data.profiles.iter().map(|p| p.profile_id).collect();
+        assert_eq!(got, keep);
+        let mut spans: Vec<(i64, i64)> = block
+            .data
+            .series
+            .iter()
+            .map(|s| (s.min_time_nanos, s.max_time_nanos))
+            .collect();
+        spans.sort_unstable();
+        assert_eq!(spans, vec![(1_002, 1_002), (1_003, 1_003)]);
+        let (meta, _) = block.encode().unwrap();
+        assert_eq!(
+            (meta.stats.series, meta.stats.profiles, meta.stats.samples),
+            (2, 2, 2)
+        );
+        assert_eq!((meta.stats.stacks, meta.stats.locations), (2, 2));
+        assert_eq!((meta.min_time_nanos, meta.max_time_nanos), (1_002, 1_003));
+    }
+
     /// A cut's block reads the head's symbol table where it is: no copy
     /// of it is made (a large head's table would be held twice while
     /// the block is encoded). A later write to the head copies the table

@@ -1031,7 +1031,7 @@ impl Ingester {
                                 covered.extend(rows.iter().map(|r| r.profile_id));
                             }
                             Err(e) => {
-                                tracing::debug!(block_id = %b.id, error = %e, "a peer's block could not be read");
+                                tracing::warn!(block_id = %b.id, error = %e, "a peer's block could not be read: the cut stores the profiles it may hold");
                             }
                         }
                     }
