@@ -504,6 +504,11 @@ pub(crate) struct CompactionArgs {
     /// Window of level-1 blocks (level 2: a day).
     #[arg(long, env = "FATHOM_COMPACTION_WINDOW", default_value = "1h", value_parser = parse_duration)]
     compaction_window: Duration,
+    /// How long a window's newest level-0 block waits before the window's
+    /// level-0 blocks are merged (a cut's blocks, one per replica that
+    /// stored a part, then merge in one job). 0 merges at once.
+    #[arg(long, env = "FATHOM_COMPACTION_SETTLE", default_value = "5s", value_parser = parse_duration)]
+    compaction_settle: Duration,
     /// Time replaced blocks' files stay before deletion.
     #[arg(long, env = "FATHOM_DELETE_DELAY", default_value = "15m", value_parser = parse_duration)]
     delete_delay: Duration,
@@ -524,6 +529,7 @@ impl CompactionArgs {
             tenant_retention: self.tenant_retention.clone(),
             delete_delay: self.delete_delay,
             interval: self.compaction_interval,
+            settle: self.compaction_settle,
             ..Default::default()
         }
     }

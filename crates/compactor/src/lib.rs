@@ -20,7 +20,7 @@
 pub mod import;
 mod runs;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,6 +111,12 @@ pub struct Config {
     /// Time between planning rounds.
     pub interval: Duration,
     pub lease_ttl: Duration,
+    /// How long a window's newest level-0 block must have been there
+    /// before the window's level-0 blocks are merged: the blocks of one
+    /// cut (one per replica that stored a part) arrive within about a
+    /// second, and merged together they cost one rewrite of the window's
+    /// block instead of one each. Zero merges at once.
+    pub settle: Duration,
 }
 
 impl Default for Config {
@@ -124,6 +130,7 @@ impl Default for Config {
             delete_delay: Duration::from_secs(15 * 60),
             interval: Duration::from_secs(60),
             lease_ttl: Duration::from_secs(10 * 60),
+            settle: Duration::ZERO,
         }
     }
 }
@@ -192,6 +199,13 @@ impl Job {
 /// level's size (by their first timestamp); a window with two or more
 /// blocks is a job whose output is one level higher.
 ///
+/// The level-0 blocks of a window wait while they are still arriving:
+/// until its newest is `settle` old at `now_ms`, or its oldest
+/// [`SETTLE_LIMIT`] times that (a window whose cuts keep coming is still
+/// merged). A level-0 block alone in a window that has closed is a job
+/// of its own, so that it gets its rollup and its place in the levels
+/// without waiting for a sibling that will not come.
+///
 /// A block that crosses its own level's window (late or early profiles
 /// in one cut, or a head that spans days) joins the first higher level
 /// whose window holds it, so it is still merged with its replicas and
@@ -203,7 +217,7 @@ impl Job {
 /// merged) is merged into it. Below the top level, a block alone in its
 /// window whose siblings were merged already joins their result's group
 /// one level up, for the same reason.
-pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
+pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Duration) -> Vec<Job> {
     let mut groups: BTreeMap<(String, u32, i64), Vec<BlockMeta>> = BTreeMap::new();
     let Some(top) = windows.len().checked_sub(1) else {
         return Vec::new();
@@ -213,7 +227,12 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
         let start = min.div_euclid(w) * w;
         (start, start.saturating_add(w))
     };
+    let settling = settling(blocks, |min| window_of(0, min).0, now_ms, settle);
     for b in blocks {
+        if b.level == 0 && settling.contains(&(b.tenant.as_str(), window_of(0, b.min_time_nanos).0))
+        {
+            continue;
+        }
         // A top-level block is grouped with the top level's inputs of its
         // window, so a late block (a replica registered after its
         // siblings were merged, a backfill) still folds into it.
@@ -252,9 +271,13 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
             groups.entry(up_key).or_default().extend(late);
         }
     }
+    let now_nanos = now_ms.saturating_mul(1_000_000);
     groups
         .into_iter()
-        .filter(|(_, v)| v.len() >= 2)
+        .filter(|((_, level, start), v)| {
+            v.len() >= 2
+                || ((*level as usize) < top && window_of(*level as usize, *start).1 <= now_nanos)
+        })
         .map(|((tenant, level, window_start_nanos), mut blocks)| {
             blocks.sort_by(|a, b| a.id.cmp(&b.id));
             Job {
@@ -264,6 +287,42 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration]) -> Vec<Job> {
                 blocks,
             }
         })
+        .collect()
+}
+
+/// A window's level-0 blocks wait at most this many settles while new
+/// ones keep arriving.
+pub const SETTLE_LIMIT: u32 = 4;
+
+/// The (tenant, level-0 window start) whose level-0 blocks are still
+/// arriving at `now_ms`: the newest is younger than `settle`, and the
+/// oldest younger than [`SETTLE_LIMIT`] settles.
+fn settling(
+    blocks: &[BlockMeta],
+    window_start: impl Fn(i64) -> i64,
+    now_ms: i64,
+    settle: Duration,
+) -> HashSet<(&str, i64)> {
+    if settle.is_zero() {
+        return HashSet::new();
+    }
+    let settle_ms = i64::try_from(settle.as_millis()).unwrap_or(i64::MAX);
+    let mut created: HashMap<(&str, i64), (i64, i64)> = HashMap::new();
+    for b in blocks.iter().filter(|b| b.level == 0) {
+        let (oldest, newest) = created
+            .entry((b.tenant.as_str(), window_start(b.min_time_nanos)))
+            .or_insert((i64::MAX, i64::MIN));
+        *oldest = (*oldest).min(b.created_at_ms);
+        *newest = (*newest).max(b.created_at_ms);
+    }
+    created
+        .into_iter()
+        .filter(|(_, (oldest, newest))| {
+            now_ms.saturating_sub(*newest) < settle_ms
+                && now_ms.saturating_sub(*oldest)
+                    < settle_ms.saturating_mul(i64::from(SETTLE_LIMIT))
+        })
+        .map(|(key, _)| key)
         .collect()
 }
 
@@ -766,7 +825,7 @@ impl Compactor {
         // Level by level, so a window's level-1 result can join level 2 in
         // the next round.
         let blocks = self.index.all().await.map_err(Error::Index)?;
-        for job in plan(&blocks, &self.cfg.windows) {
+        for job in plan(&blocks, &self.cfg.windows, now_ms, self.cfg.settle) {
             match self.run_job(&job).await {
                 Ok(Some(_)) => done += 1,
                 Ok(None) => {}
@@ -1052,7 +1111,7 @@ mod tests {
             mk("i", 0, T0 + 3 * DAY, T0 + 13 * DAY),
             mk("j", 0, T0 + 3 * DAY, T0 + 13 * DAY),
         ];
-        let jobs = plan(&blocks, &Config::default().windows);
+        let jobs = plan_at(&blocks, T0 + HOUR + 2, Duration::ZERO);
         let got: Vec<(u32, Vec<&str>)> = jobs
             .iter()
             .map(|j| (j.level, j.blocks.iter().map(|b| b.id.as_str()).collect()))
@@ -1079,12 +1138,118 @@ mod tests {
             mk("merged", 1, T0 + 5, T0 + 30),
             mk("next-hour", 0, T0 + HOUR + 10, T0 + HOUR + 20),
         ];
-        let jobs = plan(&blocks, &Config::default().windows);
-        let got: Vec<(u32, Vec<&str>)> = jobs
-            .iter()
+        let jobs = plan_at(&blocks, T0 + HOUR + 30, Duration::ZERO);
+        assert_eq!(ids(&jobs), vec![(1, vec!["late", "merged"])]);
+    }
+
+    /// The default windows' plan at `now` (unix nanoseconds).
+    fn plan_at(blocks: &[BlockMeta], now: i64, settle: Duration) -> Vec<Job> {
+        plan(blocks, &Config::default().windows, now / 1_000_000, settle)
+    }
+
+    fn ids(jobs: &[Job]) -> Vec<(u32, Vec<&str>)> {
+        jobs.iter()
             .map(|j| (j.level, j.blocks.iter().map(|b| b.id.as_str()).collect()))
-            .collect();
-        assert_eq!(got, vec![(1, vec!["late", "merged"])]);
+            .collect()
+    }
+
+    /// A level-0 block of the planner's tests, created at `created`
+    /// (unix nanoseconds).
+    fn created(id: &str, min: i64, created: i64) -> BlockMeta {
+        BlockMeta {
+            created_at_ms: created / 1_000_000,
+            ..planned_meta(id, 0, min, min + 10)
+        }
+    }
+
+    /// A cut's blocks arrive one after another (one per replica that
+    /// stored a part): the window waits until the newest has settled,
+    /// and merges them in one job; a window whose blocks keep coming
+    /// waits no longer than the settle limit.
+    #[test]
+    fn a_windows_level_0_blocks_wait_until_the_newest_settled() {
+        let settle = Duration::from_secs(5);
+        let s = 1_000_000_000; // a second
+        let now = T0 + 30 * s;
+        let blocks = vec![
+            created("a", T0, now - 10 * s),
+            created("b", T0 + 1, now - s),
+        ];
+        assert!(
+            plan_at(&blocks, now, settle).is_empty(),
+            "b arrived 1 s ago"
+        );
+        assert_eq!(
+            ids(&plan_at(&blocks, now + 4 * s, settle)),
+            vec![(0, vec!["a", "b"])],
+            "b has settled"
+        );
+        assert_eq!(
+            ids(&plan_at(&blocks, now, Duration::ZERO)),
+            vec![(0, vec!["a", "b"])],
+            "no settle"
+        );
+        // Another window and another tenant do not wait for this one.
+        let mut other = created("c", T0 + HOUR + 1, now - 10 * s);
+        let mut other2 = created("d", T0 + HOUR + 2, now - 9 * s);
+        let blocks2 = [blocks.clone(), vec![other.clone(), other2.clone()]].concat();
+        assert_eq!(
+            ids(&plan_at(&blocks2, now, settle)),
+            vec![(0, vec!["c", "d"])]
+        );
+        other.tenant = "u".into();
+        other2.tenant = "u".into();
+        (other.min_time_nanos, other.max_time_nanos) = (T0 + 1, T0 + 11);
+        (other2.min_time_nanos, other2.max_time_nanos) = (T0 + 2, T0 + 12);
+        let blocks3 = [blocks.clone(), vec![other, other2]].concat();
+        assert_eq!(
+            ids(&plan_at(&blocks3, now, settle)),
+            vec![(0, vec!["c", "d"])]
+        );
+        // Blocks that keep coming: the oldest waited four settles.
+        let stream = vec![
+            created("e", T0, now - 20 * s),
+            created("f", T0 + 1, now - s),
+        ];
+        assert_eq!(
+            ids(&plan_at(&stream, now, settle)),
+            vec![(0, vec!["e", "f"])]
+        );
+        // A late level-0 block waits before it joins its merged siblings.
+        let late = vec![
+            created("late", T0 + 10, now - s),
+            planned_meta("merged", 1, T0 + 5, T0 + 30),
+        ];
+        assert!(plan_at(&late, now, settle).is_empty());
+        assert_eq!(
+            ids(&plan_at(&late, now + 4 * s, settle)),
+            vec![(1, vec!["late", "merged"])]
+        );
+    }
+
+    /// A level-0 block alone in its window is merged on its own once the
+    /// window has closed (and the block has settled), into a level-1
+    /// block; while the window is open it waits for siblings.
+    #[test]
+    fn a_lone_level_0_block_of_a_closed_window_is_a_job() {
+        let settle = Duration::from_secs(5);
+        let s = 1_000_000_000;
+        let lone = vec![created("x", T0 + 10, T0 + HOUR + 2 * s)];
+        assert!(
+            plan_at(&lone, T0 + HOUR - s, Duration::ZERO).is_empty(),
+            "open"
+        );
+        assert!(
+            plan_at(&lone, T0 + HOUR + 3 * s, settle).is_empty(),
+            "settling"
+        );
+        assert_eq!(
+            ids(&plan_at(&lone, T0 + HOUR + 7 * s, settle)),
+            vec![(0, vec!["x"])]
+        );
+        // A lone top-level block stays as it is.
+        let top = vec![planned_meta("y", 1, T0, T0 + 10)];
+        assert!(plan_at(&top, T0 + 3 * DAY, settle).is_empty());
     }
 
     #[test]
@@ -1095,6 +1260,36 @@ mod tests {
         assert_eq!(rollup_widths(&w, 1), vec![h, d]);
         assert_eq!(rollup_widths(&w, 7), vec![h, d], "past the top level");
         assert_eq!(rollup_widths(&[], 0), vec![h]);
+    }
+
+    /// A lone level-0 block of a closed hour becomes a level-1 block with
+    /// its rollup and the same samples; the next round leaves it alone.
+    #[tokio::test]
+    async fn a_lone_block_of_a_closed_window_is_compacted_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let lone = block(store.as_ref(), &[(1, T0 + 1, 10), (2, T0 + 2, 20)]).await;
+        let before = totals(store.as_ref(), &lone).await;
+        let index = Arc::new(MemoryCompactionIndex::new(vec![lone.clone()]));
+        let c = Compactor::new(
+            cfg(),
+            store.clone(),
+            index.clone(),
+            &mut Registry::default(),
+        );
+        assert_eq!(c.run_once().await.unwrap(), 1);
+        let after = index.all().await.unwrap();
+        assert_eq!(after.len(), 1);
+        let b = &after[0];
+        assert_eq!((b.level, &b.compacted_from), (1, &vec![lone.id.clone()]));
+        assert_eq!(b.rollup_widths_nanos, vec![fathom_block::HOUR_NANOS]);
+        assert_eq!(totals(store.as_ref(), b).await, before);
+        assert_eq!(
+            c.run_once().await.unwrap(),
+            0,
+            "a lone top-level block stays"
+        );
     }
 
     #[tokio::test]
@@ -1397,7 +1592,7 @@ mod tests {
             Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
         let a = block(store.as_ref(), &[(1, T0 + 1, 10)]).await;
         let b = block(store.as_ref(), &[(1, T0 + 1, 10)]).await;
-        let job = plan(&[a.clone(), b.clone()], &Config::default().windows).remove(0);
+        let job = plan_at(&[a.clone(), b.clone()], T0, Duration::ZERO).remove(0);
         // A compactor that died after writing, before the index swap: its
         // block is written but not registered.
         let (data, _) = merge(store.as_ref(), &job.blocks).await.unwrap();

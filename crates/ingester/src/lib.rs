@@ -226,8 +226,11 @@ struct Peers {
     wait: Duration,
 }
 
-/// How often a cut waiting for its peers' blocks looks for new ones.
-const PEER_POLL: Duration = Duration::from_millis(250);
+/// How soon a cut waiting for its peers' blocks looks for new ones
+/// again: first after `PEER_POLL.0`, each time twice as long, at most
+/// `PEER_POLL.1` (a peer's cut takes seconds to encode, and each look is
+/// a linearizable read of the metastore's index).
+const PEER_POLL: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(1));
 
 /// What a block cut from a head holds.
 enum Part {
@@ -1007,6 +1010,7 @@ impl Ingester {
         // Per peer: has it stored, since the freeze, a block of the
         // series it comes first for (not the rest of an earlier cut)?
         let mut cut_since = vec![false; peers.len()];
+        let mut poll = PEER_POLL.0;
         loop {
             match self.index.blocks(tenant, lo, hi).await {
                 Ok(blocks) => {
@@ -1049,8 +1053,8 @@ impl Ingester {
             {
                 break;
             }
-            // Each look is a read of the block index (the metastore's).
-            tokio::time::sleep((wait - waited).min(PEER_POLL)).await;
+            tokio::time::sleep((wait - waited).min(poll)).await;
+            poll = (poll * 2).min(PEER_POLL.1);
         }
         let waited = start.elapsed();
         self.m.peer_wait_seconds.observe(waited);
