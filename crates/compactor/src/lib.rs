@@ -1048,6 +1048,21 @@ mod tests {
         meta
     }
 
+    /// A compactor with [`cfg`] over `store` and an index of `blocks`.
+    fn compactor_over(
+        store: &Arc<dyn ObjectStore>,
+        blocks: Vec<BlockMeta>,
+    ) -> (Arc<Compactor>, Arc<MemoryCompactionIndex>) {
+        let index = Arc::new(MemoryCompactionIndex::new(blocks));
+        let c = Compactor::new(
+            cfg(),
+            store.clone(),
+            index.clone(),
+            &mut Registry::default(),
+        );
+        (c, index)
+    }
+
     fn cfg() -> Config {
         Config {
             delete_delay: Duration::ZERO,
@@ -1271,13 +1286,7 @@ mod tests {
             Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
         let lone = block(store.as_ref(), &[(1, T0 + 1, 10), (2, T0 + 2, 20)]).await;
         let before = totals(store.as_ref(), &lone).await;
-        let index = Arc::new(MemoryCompactionIndex::new(vec![lone.clone()]));
-        let c = Compactor::new(
-            cfg(),
-            store.clone(),
-            index.clone(),
-            &mut Registry::default(),
-        );
+        let (c, index) = compactor_over(&store, vec![lone.clone()]);
         assert_eq!(c.run_once().await.unwrap(), 1);
         let after = index.all().await.unwrap();
         assert_eq!(after.len(), 1);
@@ -1304,13 +1313,7 @@ mod tests {
         }
         metas.push(block(store.as_ref(), &[(3, T0 + 3, 30)]).await);
         let bytes_before: u64 = metas.iter().map(|m| m.stats.bytes).sum();
-        let index = Arc::new(MemoryCompactionIndex::new(metas.clone()));
-        let c = Compactor::new(
-            cfg(),
-            store.clone(),
-            index.clone(),
-            &mut Registry::default(),
-        );
+        let (c, index) = compactor_over(&store, metas.clone());
         assert_eq!(c.run_once().await.unwrap(), 1);
 
         let after = index.all().await.unwrap();
@@ -1602,13 +1605,7 @@ mod tests {
             .await
             .unwrap();
 
-        let index = Arc::new(MemoryCompactionIndex::new(vec![a.clone(), b.clone()]));
-        let c = Compactor::new(
-            cfg(),
-            store.clone(),
-            index.clone(),
-            &mut Registry::default(),
-        );
+        let (c, _) = compactor_over(&store, vec![a.clone(), b.clone()]);
         let out = c.run_job(&job).await.unwrap().unwrap();
         assert_eq!(out.id, meta.id, "the retried job overwrites the same block");
         let blocks = fathom_block::list_blocks(store.as_ref()).await.unwrap();
