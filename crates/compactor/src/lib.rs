@@ -1127,12 +1127,8 @@ mod tests {
             mk("j", 0, T0 + 3 * DAY, T0 + 13 * DAY),
         ];
         let jobs = plan_at(&blocks, T0 + HOUR + 2, Duration::ZERO);
-        let got: Vec<(u32, Vec<&str>)> = jobs
-            .iter()
-            .map(|j| (j.level, j.blocks.iter().map(|b| b.id.as_str()).collect()))
-            .collect();
         assert_eq!(
-            got,
+            ids(&jobs),
             vec![
                 (0, vec!["a", "b", "c"]),
                 (1, vec!["e", "f", "g"]),
