@@ -206,6 +206,15 @@ impl Job {
 /// of its own, so that it gets its rollup and its place in the levels
 /// without waiting for a sibling that will not come.
 ///
+/// What a job rewrites is bounded by the window that is still open. While
+/// a level's window is open (today, for the day level), the blocks merged
+/// into that level stay in the windows they were merged in (the day's
+/// hour blocks in their hours), so a later cut of an hour merges into
+/// that hour's block, not into the day's; and a top-level block of an
+/// open window is not merged again until the window closes. A window is
+/// merged once its own lower-level windows are done: its job waits while
+/// one of them has a job or blocks still settling, once it has closed.
+///
 /// A block that crosses its own level's window (late or early profiles
 /// in one cut, or a head that spans days) joins the first higher level
 /// whose window holds it, so it is still merged with its replicas and
@@ -213,10 +222,10 @@ impl Job {
 /// grouped by the largest window its first timestamp falls in, and the
 /// result is a top-level block. Top-level blocks are grouped like the top
 /// level's inputs: one alone stays as it is, and a block that arrives
-/// late for its window (a replica registered after its siblings were
-/// merged) is merged into it. Below the top level, a block alone in its
-/// window whose siblings were merged already joins their result's group
-/// one level up, for the same reason.
+/// late for its closed window (a replica registered after its siblings
+/// were merged) is merged into it. Below the top level, a block alone in
+/// its window whose siblings were merged already joins their result's
+/// group one level up, for the same reason.
 pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Duration) -> Vec<Job> {
     let mut groups: BTreeMap<(String, u32, i64), Vec<BlockMeta>> = BTreeMap::new();
     let Some(top) = windows.len().checked_sub(1) else {
@@ -227,32 +236,49 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
         let start = min.div_euclid(w) * w;
         (start, start.saturating_add(w))
     };
+    let now_nanos = now_ms.saturating_mul(1_000_000);
+    let open = |level: usize, min: i64| window_of(level, min).1 > now_nanos;
     let settling = settling(blocks, |min| window_of(0, min).0, now_ms, settle);
     for b in blocks {
         if b.level == 0 && settling.contains(&(b.tenant.as_str(), window_of(0, b.min_time_nanos).0))
         {
             continue;
         }
+        // A top-level block waits for its window to close: merged again
+        // at every cut, a day's block would be rewritten all day long.
+        if b.level as usize > top && open(top, b.min_time_nanos) {
+            continue;
+        }
         // A top-level block is grouped with the top level's inputs of its
         // window, so a late block (a replica registered after its
         // siblings were merged, a backfill) still folds into it.
         let own = (b.level as usize).min(top);
-        let level = (own..windows.len())
-            .find(|&l| b.max_time_nanos < window_of(l, b.min_time_nanos).1)
-            .unwrap_or(top);
+        let fits = |l: usize| b.max_time_nanos < window_of(l, b.min_time_nanos).1;
+        let mut level = (own..windows.len()).find(|&l| fits(l)).unwrap_or(top);
+        // The output of a lower level's job, while its own window is
+        // open, stays where it was merged: the next blocks of that
+        // window merge into it.
+        if level == own
+            && b.level as usize == own
+            && own > 0
+            && open(own, b.min_time_nanos)
+            && fits(own - 1)
+        {
+            level = own - 1;
+        }
         let (start, _) = window_of(level, b.min_time_nanos);
         groups
             .entry((b.tenant.clone(), level as u32, start))
             .or_default()
             .push(b.clone());
     }
-    // A block alone in its window below the top level, whose window's
-    // other blocks were merged already (a replica registered after its
-    // siblings' job ran), joins the group of their result one level up,
-    // so it is merged into it instead of staying alone for ever.
+    // A level-N block alone in its window below the top level, whose
+    // window's other blocks were merged already (a replica registered
+    // after its siblings' job ran), joins the group of their result one
+    // level up, so it is merged into it instead of staying alone for ever.
     let lone: Vec<(String, u32, i64)> = groups
         .iter()
-        .filter(|(k, v)| v.len() == 1 && (k.1 as usize) < top)
+        .filter(|(k, v)| v.len() == 1 && v[0].level == k.1 && (k.1 as usize) < top)
         .map(|(k, _)| k.clone())
         .collect();
     for key in lone {
@@ -271,12 +297,13 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
             groups.entry(up_key).or_default().extend(late);
         }
     }
-    let now_nanos = now_ms.saturating_mul(1_000_000);
-    groups
+    let jobs: Vec<Job> = groups
         .into_iter()
         .filter(|((_, level, start), v)| {
             v.len() >= 2
-                || ((*level as usize) < top && window_of(*level as usize, *start).1 <= now_nanos)
+                || ((*level as usize) < top
+                    && v[0].level == *level
+                    && window_of(*level as usize, *start).1 <= now_nanos)
         })
         .map(|((tenant, level, window_start_nanos), mut blocks)| {
             blocks.sort_by(|a, b| a.id.cmp(&b.id));
@@ -286,6 +313,29 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
                 window_start_nanos,
                 blocks,
             }
+        })
+        .collect();
+    // A closed window's job waits for its lower windows' jobs and
+    // settling blocks, so that it merges their results once instead of
+    // twice. (An open window's jobs leave its lower windows' blocks out.)
+    let busy: HashSet<(String, u32, i64)> = jobs
+        .iter()
+        .filter(|j| (j.level as usize) < top)
+        .map(|j| {
+            (
+                j.tenant.as_str(),
+                j.level as usize + 1,
+                j.window_start_nanos,
+            )
+        })
+        .chain(settling.iter().map(|&(tenant, start)| (tenant, 1, start)))
+        .filter(|&(_, up, _)| up <= top)
+        .map(|(tenant, up, start)| (tenant.to_owned(), up as u32, window_of(up, start).0))
+        .collect();
+    jobs.into_iter()
+        .filter(|j| {
+            open(j.level as usize, j.window_start_nanos)
+                || !busy.contains(&(j.tenant.clone(), j.level, j.window_start_nanos))
         })
         .collect()
 }
@@ -1126,15 +1176,37 @@ mod tests {
             mk("i", 0, T0 + 3 * DAY, T0 + 13 * DAY),
             mk("j", 0, T0 + 3 * DAY, T0 + 13 * DAY),
         ];
-        let jobs = plan_at(&blocks, T0 + HOUR + 2, Duration::ZERO);
+        // Every window closed. The first day waits for its hours' jobs.
+        let jobs = plan_at(&blocks, T0 + 20 * DAY, Duration::ZERO);
         assert_eq!(
             ids(&jobs),
             vec![
                 (0, vec!["a", "b", "c"]),
+                (0, vec!["d"]),
+                (1, vec!["i", "j"]),
+                (1, vec!["k", "l"])
+            ]
+        );
+        let hours_done: Vec<BlockMeta> = blocks
+            .iter()
+            .filter(|b| !["a", "b", "c", "d"].contains(&b.id.as_str()))
+            .cloned()
+            .collect();
+        assert_eq!(
+            ids(&plan_at(&hours_done, T0 + 20 * DAY, Duration::ZERO)),
+            vec![
                 (1, vec!["e", "f", "g"]),
                 (1, vec!["i", "j"]),
                 (1, vec!["k", "l"])
             ]
+        );
+        // On the first day, in its second hour: the first hour's level-1
+        // block is merged again with that hour's blocks, not into the
+        // day; the block that crosses the hour, the level-1 block of the
+        // third hour and the top-level blocks of days still open wait.
+        assert_eq!(
+            ids(&plan_at(&blocks, T0 + HOUR + 2, Duration::ZERO)),
+            vec![(0, vec!["a", "b", "c", "f"]), (1, vec!["i", "j"])]
         );
     }
 
@@ -1149,8 +1221,84 @@ mod tests {
             mk("merged", 1, T0 + 5, T0 + 30),
             mk("next-hour", 0, T0 + HOUR + 10, T0 + HOUR + 20),
         ];
+        // The day has closed: its level-1 blocks are the day's inputs,
+        // once the block alone in the next hour has had its own job.
+        let jobs = plan_at(&blocks, T0 + DAY + 30, Duration::ZERO);
+        assert_eq!(ids(&jobs), vec![(0, vec!["next-hour"])]);
+        let mut hour_done = blocks.clone();
+        hour_done[2] = mk("next-hour-1", 1, T0 + HOUR + 10, T0 + HOUR + 20);
+        let jobs = plan_at(&hour_done, T0 + DAY + 30, Duration::ZERO);
+        assert_eq!(ids(&jobs), vec![(1, vec!["late", "merged", "next-hour-1"])]);
+        // While the day is open, the late block merges in its hour.
         let jobs = plan_at(&blocks, T0 + HOUR + 30, Duration::ZERO);
-        assert_eq!(ids(&jobs), vec![(1, vec!["late", "merged"])]);
+        assert_eq!(ids(&jobs), vec![(0, vec!["late", "merged"])]);
+    }
+
+    /// A day of cuts, one every 20 minutes (every third one across an
+    /// hour), planned every 5 minutes and each job carried out: while the
+    /// day is open, no job reads the day's top-level block and none more
+    /// than a few cuts; once it has closed, the day is one block, and the
+    /// day's cuts were rewritten about three times in all (every cut would
+    /// rewrite the whole day if hours folded into the day as they came).
+    #[test]
+    fn an_open_days_cuts_rewrite_their_hour_not_the_day() {
+        let min = 60 * 1_000_000_000;
+        let cut = 1_000; // bytes a cut
+        let mut blocks: Vec<BlockMeta> = Vec::new();
+        let mut next_cut = T0 + 10 * min;
+        let mut rewritten = 0;
+        let mut merged = 0;
+        let mut now = T0;
+        while now <= T0 + DAY + 3 * HOUR {
+            while next_cut + 20 * min <= now {
+                let mut b = created(&format!("cut-{next_cut}"), next_cut, next_cut + 20 * min);
+                b.max_time_nanos = next_cut + 20 * min - 1;
+                b.stats.bytes = cut;
+                blocks.push(b);
+                next_cut += 20 * min;
+            }
+            for job in plan_at(&blocks, now, Duration::from_secs(5)) {
+                let bytes: u64 = job.blocks.iter().map(|b| b.stats.bytes).sum();
+                if now < T0 + DAY && job.blocks[0].min_time_nanos < T0 + DAY {
+                    assert!(
+                        job.blocks.iter().all(|b| b.level <= 1),
+                        "the open day's top-level block merged at {}: {:?}",
+                        (now - T0) / min,
+                        ids(&[job.clone()])
+                    );
+                    assert!(
+                        bytes <= 3 * cut,
+                        "{bytes} bytes merged at {}",
+                        (now - T0) / min
+                    );
+                }
+                rewritten += bytes;
+                merged += 1;
+                let mut out = planned_meta(
+                    &format!("merged-{merged}"),
+                    job.level + 1,
+                    job.blocks.iter().map(|b| b.min_time_nanos).min().unwrap(),
+                    job.blocks.iter().map(|b| b.max_time_nanos).max().unwrap(),
+                );
+                out.stats.bytes = bytes;
+                out.created_at_ms = now / 1_000_000;
+                blocks.retain(|b| !job.blocks.iter().any(|j| j.id == b.id));
+                blocks.push(out);
+            }
+            now += 5 * min;
+        }
+        let day: Vec<&BlockMeta> = blocks
+            .iter()
+            .filter(|b| b.min_time_nanos < T0 + DAY)
+            .collect();
+        let day_bytes = (T0 + 10 * min..T0 + DAY).step_by(20 * min as usize).count() as u64 * cut;
+        let day_ids: Vec<(&str, u32)> = day.iter().map(|b| (b.id.as_str(), b.level)).collect();
+        assert_eq!(day.len(), 1, "{day_ids:?}");
+        assert_eq!((day[0].level, day[0].stats.bytes), (2, day_bytes));
+        assert!(
+            rewritten <= 4 * day_bytes,
+            "{rewritten} bytes rewritten for a day of {day_bytes}"
+        );
     }
 
     /// The default windows' plan at `now` (unix nanoseconds).
@@ -1234,7 +1382,7 @@ mod tests {
         assert!(plan_at(&late, now, settle).is_empty());
         assert_eq!(
             ids(&plan_at(&late, now + 4 * s, settle)),
-            vec![(1, vec!["late", "merged"])]
+            vec![(0, vec!["late", "merged"])]
         );
     }
 
