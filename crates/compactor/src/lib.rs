@@ -206,14 +206,16 @@ impl Job {
 /// of its own, so that it gets its rollup and its place in the levels
 /// without waiting for a sibling that will not come.
 ///
-/// What a job rewrites is bounded by the window that is still open. While
-/// a level's window is open (today, for the day level), the blocks merged
-/// into that level stay in the windows they were merged in (the day's
-/// hour blocks in their hours), so a later cut of an hour merges into
-/// that hour's block, not into the day's; and a top-level block of an
-/// open window is not merged again until the window closes. A window is
-/// merged once its own lower-level windows are done: its job waits while
-/// one of them has a job or blocks still settling, once it has closed.
+/// What a job rewrites is bounded while its window is open. The blocks
+/// merged into a level whose window is open (today, for the day level)
+/// stay in the windows they were merged in (the day's hour blocks in
+/// their hours), so a later cut of an hour merges in its hour, not into
+/// the day's block. An open window's job takes its new blocks and only
+/// the merged blocks no larger than what it takes ([`open_window_inputs`]):
+/// a window's bytes are rewritten about log2(cuts) times while it is
+/// open, not once a cut. Once a window has closed, its blocks are merged
+/// into one, when its lower windows are done: a closed window's job waits
+/// while one of them has a job or blocks still settling.
 ///
 /// A block that crosses its own level's window (late or early profiles
 /// in one cut, or a head that spans days) joins the first higher level
@@ -242,11 +244,6 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
     for b in blocks {
         if b.level == 0 && settling.contains(&(b.tenant.as_str(), window_of(0, b.min_time_nanos).0))
         {
-            continue;
-        }
-        // A top-level block waits for its window to close: merged again
-        // at every cut, a day's block would be rewritten all day long.
-        if b.level as usize > top && open(top, b.min_time_nanos) {
             continue;
         }
         // A top-level block is grouped with the top level's inputs of its
@@ -299,25 +296,29 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
     }
     let jobs: Vec<Job> = groups
         .into_iter()
-        .filter(|((_, level, start), v)| {
-            v.len() >= 2
-                || ((*level as usize) < top
-                    && v[0].level == *level
-                    && window_of(*level as usize, *start).1 <= now_nanos)
-        })
-        .map(|((tenant, level, window_start_nanos), mut blocks)| {
-            blocks.sort_by(|a, b| a.id.cmp(&b.id));
-            Job {
-                tenant,
-                level,
-                window_start_nanos,
-                blocks,
-            }
+        .filter_map(|((tenant, level, window_start_nanos), blocks)| {
+            let closed = window_of(level as usize, window_start_nanos).1 <= now_nanos;
+            let mut blocks = if closed {
+                blocks
+            } else {
+                open_window_inputs(blocks, level)
+            };
+            let lone_closed =
+                closed && (level as usize) < top && blocks.len() == 1 && blocks[0].level == level;
+            (blocks.len() >= 2 || lone_closed).then(|| {
+                blocks.sort_by(|a, b| a.id.cmp(&b.id));
+                Job {
+                    tenant,
+                    level,
+                    window_start_nanos,
+                    blocks,
+                }
+            })
         })
         .collect();
     // A closed window's job waits for its lower windows' jobs and
     // settling blocks, so that it merges their results once instead of
-    // twice. (An open window's jobs leave its lower windows' blocks out.)
+    // twice.
     let busy: HashSet<(String, u32, i64)> = jobs
         .iter()
         .filter(|j| (j.level as usize) < top)
@@ -338,6 +339,31 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
                 || !busy.contains(&(j.tenant.clone(), j.level, j.window_start_nanos))
         })
         .collect()
+}
+
+/// The inputs of an open window's job: its new blocks (of the window's own
+/// level or below), and then, smallest first, the blocks merged in it
+/// before that are no larger than what the job has taken so far. A block
+/// is thus rewritten only when what joins it is at least as large as
+/// itself, about log2(cuts) times over a window's life instead of once a
+/// cut, and a window holds about log2(cuts) merged blocks until it closes.
+/// No new block: nothing to merge.
+fn open_window_inputs(blocks: Vec<BlockMeta>, level: u32) -> Vec<BlockMeta> {
+    let (mut inputs, mut merged): (Vec<BlockMeta>, Vec<BlockMeta>) =
+        blocks.into_iter().partition(|b| b.level <= level);
+    if inputs.is_empty() {
+        return inputs;
+    }
+    let mut taken: u64 = inputs.iter().map(|b| b.stats.bytes).sum();
+    merged.sort_by_key(|b| b.stats.bytes);
+    for b in merged {
+        if b.stats.bytes > taken {
+            break;
+        }
+        taken = taken.saturating_add(b.stats.bytes);
+        inputs.push(b);
+    }
+    inputs
 }
 
 /// A window's level-0 blocks wait at most this many settles while new
@@ -1202,11 +1228,26 @@ mod tests {
         );
         // On the first day, in its second hour: the first hour's level-1
         // block is merged again with that hour's blocks, not into the
-        // day; the block that crosses the hour, the level-1 block of the
-        // third hour and the top-level blocks of days still open wait.
+        // day; the block that crosses the hour and the level-1 block of
+        // the third hour wait. A day still open: its top-level block is
+        // merged only with new blocks at least as large as itself.
+        let open_day = |k_bytes: u64| {
+            let mut blocks = blocks.clone();
+            blocks[8].stats.bytes = k_bytes;
+            blocks[9].stats.bytes = 100;
+            plan_at(&blocks, T0 + HOUR + 2, Duration::ZERO)
+        };
         assert_eq!(
-            ids(&plan_at(&blocks, T0 + HOUR + 2, Duration::ZERO)),
+            ids(&open_day(1_000)),
             vec![(0, vec!["a", "b", "c", "f"]), (1, vec!["i", "j"])]
+        );
+        assert_eq!(
+            ids(&open_day(100)),
+            vec![
+                (0, vec!["a", "b", "c", "f"]),
+                (1, vec!["i", "j"]),
+                (1, vec!["k", "l"])
+            ]
         );
     }
 
@@ -1234,45 +1275,41 @@ mod tests {
         assert_eq!(ids(&jobs), vec![(0, vec!["late", "merged"])]);
     }
 
-    /// A day of cuts, one every 20 minutes (every third one across an
-    /// hour), planned every 5 minutes and each job carried out: while the
-    /// day is open, no job reads the day's top-level block and none more
-    /// than a few cuts; once it has closed, the day is one block, and the
-    /// day's cuts were rewritten about three times in all (every cut would
-    /// rewrite the whole day if hours folded into the day as they came).
-    #[test]
-    fn an_open_days_cuts_rewrite_their_hour_not_the_day() {
-        let min = 60 * 1_000_000_000;
-        let cut = 1_000; // bytes a cut
-        let mut blocks: Vec<BlockMeta> = Vec::new();
-        let mut next_cut = T0 + 10 * min;
-        let mut rewritten = 0;
+    /// What [`simulate`] saw: bytes read by jobs, and the most blocks an
+    /// open hour held after a round.
+    struct Simulated {
+        blocks: Vec<BlockMeta>,
+        rewritten: u64,
+        cut_bytes: u64,
+        most_in_an_open_hour: usize,
+    }
+
+    /// Cuts of `every` (each `CUT` bytes, registered when it ends) from
+    /// `T0 + first`, planned every `round` with a 5 s settle until `end`,
+    /// every job carried out (its output: the sources' bytes, one level
+    /// up).
+    fn simulate(first: i64, every: i64, round: i64, end: i64) -> Simulated {
+        let mut sim = Simulated {
+            blocks: Vec::new(),
+            rewritten: 0,
+            cut_bytes: 0,
+            most_in_an_open_hour: 0,
+        };
+        let mut next_cut = T0 + first;
         let mut merged = 0;
         let mut now = T0;
-        while now <= T0 + DAY + 3 * HOUR {
-            while next_cut + 20 * min <= now {
-                let mut b = created(&format!("cut-{next_cut}"), next_cut, next_cut + 20 * min);
-                b.max_time_nanos = next_cut + 20 * min - 1;
-                b.stats.bytes = cut;
-                blocks.push(b);
-                next_cut += 20 * min;
+        while now <= end {
+            while next_cut + every <= now {
+                let mut b = created(&format!("cut-{next_cut}"), next_cut, next_cut + every);
+                b.max_time_nanos = next_cut + every - 1;
+                b.stats.bytes = CUT;
+                sim.cut_bytes += CUT;
+                sim.blocks.push(b);
+                next_cut += every;
             }
-            for job in plan_at(&blocks, now, Duration::from_secs(5)) {
+            for job in plan_at(&sim.blocks, now, Duration::from_secs(5)) {
                 let bytes: u64 = job.blocks.iter().map(|b| b.stats.bytes).sum();
-                if now < T0 + DAY && job.blocks[0].min_time_nanos < T0 + DAY {
-                    assert!(
-                        job.blocks.iter().all(|b| b.level <= 1),
-                        "the open day's top-level block merged at {}: {:?}",
-                        (now - T0) / min,
-                        ids(&[job.clone()])
-                    );
-                    assert!(
-                        bytes <= 3 * cut,
-                        "{bytes} bytes merged at {}",
-                        (now - T0) / min
-                    );
-                }
-                rewritten += bytes;
+                sim.rewritten += bytes;
                 merged += 1;
                 let mut out = planned_meta(
                     &format!("merged-{merged}"),
@@ -1282,23 +1319,78 @@ mod tests {
                 );
                 out.stats.bytes = bytes;
                 out.created_at_ms = now / 1_000_000;
-                blocks.retain(|b| !job.blocks.iter().any(|j| j.id == b.id));
-                blocks.push(out);
+                sim.blocks
+                    .retain(|b| !job.blocks.iter().any(|j| j.id == b.id));
+                sim.blocks.push(out);
             }
-            now += 5 * min;
+            let hour = now.div_euclid(HOUR) * HOUR;
+            let open = sim
+                .blocks
+                .iter()
+                .filter(|b| b.min_time_nanos >= hour && b.max_time_nanos < hour + HOUR)
+                .count();
+            sim.most_in_an_open_hour = sim.most_in_an_open_hour.max(open);
+            now += round;
         }
-        let day: Vec<&BlockMeta> = blocks
+        sim
+    }
+
+    const CUT: u64 = 1_000;
+    const MIN: i64 = 60 * 1_000_000_000;
+
+    /// A day of cuts, one every 20 minutes (every third one across an
+    /// hour), planned every 5 minutes: once the day has closed it is one
+    /// block, and its cuts were rewritten about three times in all. Were
+    /// a day's hours folded into its block as they came, every cut would
+    /// rewrite the whole day (23 times the bytes cut in this run).
+    #[test]
+    fn an_open_days_cuts_rewrite_their_hour_not_the_day() {
+        let sim = simulate(10 * MIN, 20 * MIN, 5 * MIN, T0 + DAY + 3 * HOUR);
+        let day: Vec<(&str, u32, u64)> = sim
+            .blocks
             .iter()
             .filter(|b| b.min_time_nanos < T0 + DAY)
+            .map(|b| (b.id.as_str(), b.level, b.stats.bytes))
             .collect();
-        let day_bytes = (T0 + 10 * min..T0 + DAY).step_by(20 * min as usize).count() as u64 * cut;
-        let day_ids: Vec<(&str, u32)> = day.iter().map(|b| (b.id.as_str(), b.level)).collect();
-        assert_eq!(day.len(), 1, "{day_ids:?}");
-        assert_eq!((day[0].level, day[0].stats.bytes), (2, day_bytes));
+        let day_bytes = (10..24 * 60).step_by(20).count() as u64 * CUT;
+        assert_eq!(day.len(), 1, "{day:?}");
+        assert_eq!((day[0].1, day[0].2), (2, day_bytes));
         assert!(
-            rewritten <= 4 * day_bytes,
-            "{rewritten} bytes rewritten for a day of {day_bytes}"
+            sim.rewritten <= 4 * day_bytes,
+            "{} bytes rewritten for a day of {day_bytes}",
+            sim.rewritten
         );
+    }
+
+    /// A busy tenant: a cut every 30 s for three hours, planned every
+    /// 10 s. An open hour holds a handful of blocks, each cut is rewritten
+    /// about log2(120) times while its hour is open and once when it
+    /// closes (93 times when a job took all its window's blocks and the
+    /// day's); every closed hour is one block.
+    #[test]
+    fn a_busy_hours_cuts_are_rewritten_a_logarithmic_number_of_times() {
+        let s = 1_000_000_000;
+        let sim = simulate(0, 30 * s, 10 * s, T0 + 3 * HOUR + 5 * MIN);
+        assert!(
+            sim.rewritten <= 10 * sim.cut_bytes,
+            "{} bytes rewritten for {} of cuts",
+            sim.rewritten,
+            sim.cut_bytes
+        );
+        assert!(
+            sim.most_in_an_open_hour <= 10,
+            "{} blocks in an open hour",
+            sim.most_in_an_open_hour
+        );
+        for h in 0..3 {
+            let hour: Vec<(u32, u64)> = sim
+                .blocks
+                .iter()
+                .filter(|b| b.min_time_nanos.div_euclid(HOUR) == (T0 + h * HOUR).div_euclid(HOUR))
+                .map(|b| (b.level, b.stats.bytes))
+                .collect();
+            assert_eq!(hour, vec![(1, 120 * CUT)], "hour {h}");
+        }
     }
 
     /// The default windows' plan at `now` (unix nanoseconds).
