@@ -206,16 +206,18 @@ impl Job {
 /// of its own, so that it gets its rollup and its place in the levels
 /// without waiting for a sibling that will not come.
 ///
-/// What a job rewrites is bounded while its window is open. The blocks
+/// What a job rewrites is bounded while its window grows. The blocks
 /// merged into a level whose window is open (today, for the day level)
 /// stay in the windows they were merged in (the day's hour blocks in
 /// their hours), so a later cut of an hour merges in its hour, not into
-/// the day's block. An open window's job takes its new blocks and only
-/// the merged blocks no larger than what it takes ([`open_window_inputs`]):
-/// a window's bytes are rewritten about log2(cuts) times while it is
-/// open, not once a cut. Once a window has closed, its blocks are merged
-/// into one, when its lower windows are done: a closed window's job waits
-/// while one of them has a job or blocks still settling.
+/// the day's block. The job of a window that is open, or closed with
+/// blocks still arriving (a backfill), takes its new blocks and only the
+/// merged blocks no larger than what it takes
+/// ([`growing_window_inputs`]): a window's bytes are rewritten about
+/// log2(cuts) times while it grows, not once a cut. Once a window has
+/// closed and is quiet (no block joined it for a twelfth of its length,
+/// [`quiet`]), its blocks are merged into one, after its lower windows:
+/// that job waits while one of them has a job or blocks still settling.
 ///
 /// A block that crosses its own level's window (late or early profiles
 /// in one cut, or a head that spans days) joins the first higher level
@@ -294,33 +296,44 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
             groups.entry(up_key).or_default().extend(late);
         }
     }
-    let jobs: Vec<Job> = groups
+    // A closed window is merged whole once it is quiet (a backfill into
+    // past days is merged like an open window while it streams in).
+    let quiet_ms = |level: usize| quiet(windows[level], settle);
+    let jobs: Vec<(Job, bool)> = groups
         .into_iter()
         .filter_map(|((tenant, level, window_start_nanos), blocks)| {
-            let closed = window_of(level as usize, window_start_nanos).1 <= now_nanos;
-            let mut blocks = if closed {
+            let newest = blocks
+                .iter()
+                .map(|b| b.created_at_ms)
+                .max()
+                .unwrap_or(i64::MIN);
+            let whole = window_of(level as usize, window_start_nanos).1 <= now_nanos
+                && now_ms.saturating_sub(newest) >= quiet_ms(level as usize);
+            let mut blocks = if whole {
                 blocks
             } else {
-                open_window_inputs(blocks, level)
+                growing_window_inputs(blocks, level)
             };
-            let lone_closed =
-                closed && (level as usize) < top && blocks.len() == 1 && blocks[0].level == level;
-            (blocks.len() >= 2 || lone_closed).then(|| {
+            let lone =
+                whole && (level as usize) < top && blocks.len() == 1 && blocks[0].level == level;
+            (blocks.len() >= 2 || lone).then(|| {
                 blocks.sort_by(|a, b| a.id.cmp(&b.id));
-                Job {
+                let job = Job {
                     tenant,
                     level,
                     window_start_nanos,
                     blocks,
-                }
+                };
+                (job, whole)
             })
         })
         .collect();
-    // A closed window's job waits for its lower windows' jobs and
+    // A window merged whole waits for its lower windows' jobs and
     // settling blocks, so that it merges their results once instead of
     // twice.
     let busy: HashSet<(String, u32, i64)> = jobs
         .iter()
+        .map(|(j, _)| j)
         .filter(|j| (j.level as usize) < top)
         .map(|j| {
             (
@@ -334,21 +347,33 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
         .map(|(tenant, up, start)| (tenant.to_owned(), up as u32, window_of(up, start).0))
         .collect();
     jobs.into_iter()
-        .filter(|j| {
-            open(j.level as usize, j.window_start_nanos)
-                || !busy.contains(&(j.tenant.clone(), j.level, j.window_start_nanos))
+        .filter(|(j, whole)| {
+            !whole || !busy.contains(&(j.tenant.clone(), j.level, j.window_start_nanos))
         })
+        .map(|(j, _)| j)
         .collect()
 }
 
-/// The inputs of an open window's job: its new blocks (of the window's own
-/// level or below), and then, smallest first, the blocks merged in it
+/// How long no block must have joined a closed window before it is merged
+/// whole, in milliseconds: a twelfth of the window (5 minutes for an
+/// hour, 2 hours for a day), and at least [`SETTLE_LIMIT`] settles. A
+/// backfill's cuts come more often than that, so that a stream into a
+/// past window is not mistaken for its end (each whole merge would
+/// rewrite the window).
+fn quiet(window: Duration, settle: Duration) -> i64 {
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    (ms(window) / 12).max(ms(settle).saturating_mul(i64::from(SETTLE_LIMIT)))
+}
+
+/// The inputs of the job of a window still growing (open, or closed with
+/// blocks still arriving): its new blocks (of the window's own level or
+/// below), and then, smallest first, the blocks merged in it
 /// before that are no larger than what the job has taken so far. A block
 /// is thus rewritten only when what joins it is at least as large as
 /// itself, about log2(cuts) times over a window's life instead of once a
 /// cut, and a window holds about log2(cuts) merged blocks until it closes.
 /// No new block: nothing to merge.
-fn open_window_inputs(blocks: Vec<BlockMeta>, level: u32) -> Vec<BlockMeta> {
+fn growing_window_inputs(blocks: Vec<BlockMeta>, level: u32) -> Vec<BlockMeta> {
     let (mut inputs, mut merged): (Vec<BlockMeta>, Vec<BlockMeta>) =
         blocks.into_iter().partition(|b| b.level <= level);
     if inputs.is_empty() {
@@ -1287,8 +1312,21 @@ mod tests {
     /// Cuts of `every` (each `CUT` bytes, registered when it ends) from
     /// `T0 + first`, planned every `round` with a 5 s settle until `end`,
     /// every job carried out (its output: the sources' bytes, one level
-    /// up).
-    fn simulate(first: i64, every: i64, round: i64, end: i64) -> Simulated {
+    /// up). Each cut's profiles are `lag` older than its time (a
+    /// backfill).
+    fn simulate(first: i64, every: i64, round: i64, end: i64, lag: i64) -> Simulated {
+        simulate_until(first, every, round, end, end, lag)
+    }
+
+    /// [`simulate`], with no cut after `cuts_end`.
+    fn simulate_until(
+        first: i64,
+        every: i64,
+        round: i64,
+        cuts_end: i64,
+        end: i64,
+        lag: i64,
+    ) -> Simulated {
         let mut sim = Simulated {
             blocks: Vec::new(),
             rewritten: 0,
@@ -1299,9 +1337,9 @@ mod tests {
         let mut merged = 0;
         let mut now = T0;
         while now <= end {
-            while next_cut + every <= now {
-                let mut b = created(&format!("cut-{next_cut}"), next_cut, next_cut + every);
-                b.max_time_nanos = next_cut + every - 1;
+            while next_cut + every <= now.min(cuts_end) {
+                let mut b = created(&format!("cut-{next_cut}"), next_cut - lag, next_cut + every);
+                b.max_time_nanos = next_cut - lag + every - 1;
                 b.stats.bytes = CUT;
                 sim.cut_bytes += CUT;
                 sim.blocks.push(b);
@@ -1323,7 +1361,7 @@ mod tests {
                     .retain(|b| !job.blocks.iter().any(|j| j.id == b.id));
                 sim.blocks.push(out);
             }
-            let hour = now.div_euclid(HOUR) * HOUR;
+            let hour = (now - lag).div_euclid(HOUR) * HOUR;
             let open = sim
                 .blocks
                 .iter()
@@ -1345,7 +1383,7 @@ mod tests {
     /// rewrite the whole day (23 times the bytes cut in this run).
     #[test]
     fn an_open_days_cuts_rewrite_their_hour_not_the_day() {
-        let sim = simulate(10 * MIN, 20 * MIN, 5 * MIN, T0 + DAY + 3 * HOUR);
+        let sim = simulate(10 * MIN, 20 * MIN, 5 * MIN, T0 + DAY + 3 * HOUR, 0);
         let day: Vec<(&str, u32, u64)> = sim
             .blocks
             .iter()
@@ -1370,7 +1408,7 @@ mod tests {
     #[test]
     fn a_busy_hours_cuts_are_rewritten_a_logarithmic_number_of_times() {
         let s = 1_000_000_000;
-        let sim = simulate(0, 30 * s, 10 * s, T0 + 3 * HOUR + 5 * MIN);
+        let sim = simulate(0, 30 * s, 10 * s, T0 + 3 * HOUR + 5 * MIN, 0);
         assert!(
             sim.rewritten <= 10 * sim.cut_bytes,
             "{} bytes rewritten for {} of cuts",
@@ -1391,6 +1429,34 @@ mod tests {
                 .collect();
             assert_eq!(hour, vec![(1, 120 * CUT)], "hour {h}");
         }
+    }
+
+    /// The same cuts holding profiles ten days old (a backfill): their
+    /// windows are closed, and while the cuts stream in they are merged
+    /// as an open window's are; two hours after the last one the day is
+    /// one block.
+    #[test]
+    fn a_backfill_is_merged_like_an_open_window_then_whole() {
+        let s = 1_000_000_000;
+        let end = T0 + 3 * HOUR;
+        let sim = simulate_until(0, 30 * s, 10 * s, end, end + 2 * HOUR + MIN, 10 * DAY);
+        assert!(
+            sim.rewritten <= 10 * sim.cut_bytes,
+            "{} bytes rewritten for {} of cuts",
+            sim.rewritten,
+            sim.cut_bytes
+        );
+        assert!(
+            sim.most_in_an_open_hour <= 10,
+            "{} blocks in an hour being backfilled",
+            sim.most_in_an_open_hour
+        );
+        let all: Vec<(u32, u64)> = sim
+            .blocks
+            .iter()
+            .map(|b| (b.level, b.stats.bytes))
+            .collect();
+        assert_eq!(all, vec![(2, sim.cut_bytes)]);
     }
 
     /// The default windows' plan at `now` (unix nanoseconds).
@@ -1479,8 +1545,9 @@ mod tests {
     }
 
     /// A level-0 block alone in its window is merged on its own once the
-    /// window has closed (and the block has settled), into a level-1
-    /// block; while the window is open it waits for siblings.
+    /// window has closed and is quiet (nothing joined it for 5 minutes),
+    /// into a level-1 block; while the window is open it waits for
+    /// siblings.
     #[test]
     fn a_lone_level_0_block_of_a_closed_window_is_a_job() {
         let settle = Duration::from_secs(5);
@@ -1494,8 +1561,16 @@ mod tests {
             plan_at(&lone, T0 + HOUR + 3 * s, settle).is_empty(),
             "settling"
         );
+        assert!(
+            plan_at(&lone, T0 + HOUR + 7 * s, settle).is_empty(),
+            "settled, but it came 5 s ago"
+        );
+        assert!(
+            plan_at(&lone, T0 + HOUR + 301 * s, settle).is_empty(),
+            "4 min 59 s ago"
+        );
         assert_eq!(
-            ids(&plan_at(&lone, T0 + HOUR + 7 * s, settle)),
+            ids(&plan_at(&lone, T0 + HOUR + 302 * s, settle)),
             vec![(0, vec!["x"])]
         );
         // A lone top-level block stays as it is.
@@ -1520,7 +1595,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn ObjectStore> =
             Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-        let lone = block(store.as_ref(), &[(1, T0 + 1, 10), (2, T0 + 2, 20)]).await;
+        let mut lone = block(store.as_ref(), &[(1, T0 + 1, 10), (2, T0 + 2, 20)]).await;
+        // Stored ten minutes ago: its hour is quiet.
+        lone.created_at_ms -= 10 * 60 * 1000;
         let before = totals(store.as_ref(), &lone).await;
         let (c, index) = compactor_over(&store, vec![lone.clone()]);
         assert_eq!(c.run_once().await.unwrap(), 1);
