@@ -216,8 +216,9 @@ impl Job {
 /// ([`growing_window_inputs`]): a window's bytes are rewritten about
 /// log2(cuts) times while it grows, not once a cut. Once a window has
 /// closed and is quiet (no block joined it for a twelfth of its length,
-/// [`quiet`]), its blocks are merged into one, after its lower windows:
-/// that job waits while one of them has a job or blocks still settling.
+/// [`quiet`]), its blocks are merged into one. A window's job waits while
+/// one of its lower windows has a job or blocks still settling, so that
+/// it takes their results at once.
 ///
 /// A block that crosses its own level's window (late or early profiles
 /// in one cut, or a head that spans days) joins the first higher level
@@ -299,7 +300,7 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
     // A closed window is merged whole once it is quiet (a backfill into
     // past days is merged like an open window while it streams in).
     let quiet_ms = |level: usize| quiet(windows[level], settle);
-    let jobs: Vec<(Job, bool)> = groups
+    let jobs: Vec<Job> = groups
         .into_iter()
         .filter_map(|((tenant, level, window_start_nanos), blocks)| {
             let newest = blocks
@@ -318,22 +319,20 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
                 whole && (level as usize) < top && blocks.len() == 1 && blocks[0].level == level;
             (blocks.len() >= 2 || lone).then(|| {
                 blocks.sort_by(|a, b| a.id.cmp(&b.id));
-                let job = Job {
+                Job {
                     tenant,
                     level,
                     window_start_nanos,
                     blocks,
-                };
-                (job, whole)
+                }
             })
         })
         .collect();
-    // A window merged whole waits for its lower windows' jobs and
-    // settling blocks, so that it merges their results once instead of
-    // twice.
+    // A window's job waits for its lower windows' jobs and settling
+    // blocks, so that it merges their results with its own once instead
+    // of running twice.
     let busy: HashSet<(String, u32, i64)> = jobs
         .iter()
-        .map(|(j, _)| j)
         .filter(|j| (j.level as usize) < top)
         .map(|j| {
             (
@@ -347,10 +346,7 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
         .map(|(tenant, up, start)| (tenant.to_owned(), up as u32, window_of(up, start).0))
         .collect();
     jobs.into_iter()
-        .filter(|(j, whole)| {
-            !whole || !busy.contains(&(j.tenant.clone(), j.level, j.window_start_nanos))
-        })
-        .map(|(j, _)| j)
+        .filter(|j| !busy.contains(&(j.tenant.clone(), j.level, j.window_start_nanos)))
         .collect()
 }
 
@@ -1429,6 +1425,62 @@ mod tests {
                 .collect();
             assert_eq!(hour, vec![(1, 120 * CUT)], "hour {h}");
         }
+    }
+
+    /// A past day's blocks stored at once (a cluster's flushed replicas):
+    /// two hours' blocks and two large ones that cross an hour. The day
+    /// waits for its hours' jobs, then takes their results and the large
+    /// blocks in one job: one block, without waiting for the day to be
+    /// quiet.
+    #[test]
+    fn a_past_days_blocks_stored_at_once_become_one_block() {
+        let s = 1_000_000_000;
+        let now = T0 + 20 * DAY;
+        let sized = |id: &str, min: i64, max: i64, bytes: u64| BlockMeta {
+            max_time_nanos: max,
+            stats: fathom_block::BlockStats {
+                bytes,
+                ..Default::default()
+            },
+            ..created(id, min, now - 30 * s)
+        };
+        let mut blocks = vec![
+            sized("h1a", T0 + 10, T0 + 20, 1),
+            sized("h1b", T0 + 30, T0 + 40, 1),
+            sized("h2a", T0 + HOUR + 10, T0 + HOUR + 20, 1),
+            sized("h2b", T0 + HOUR + 30, T0 + HOUR + 40, 1),
+            sized("x1", T0 + 50, T0 + 2 * HOUR, 100),
+            sized("x2", T0 + 60, T0 + 2 * HOUR, 100),
+        ];
+        let mut rounds = Vec::new();
+        for round in 0..5 {
+            let jobs = plan_at(&blocks, now + round * 10 * s, Duration::from_secs(5));
+            rounds.push(
+                ids(&jobs)
+                    .into_iter()
+                    .map(|(l, b)| (l, b.join("+")))
+                    .collect::<Vec<_>>(),
+            );
+            for (n, job) in jobs.iter().enumerate() {
+                let mut out = planned_meta(&format!("r{round}j{n}"), job.level + 1, T0, T0 + 1);
+                out.min_time_nanos = job.blocks.iter().map(|b| b.min_time_nanos).min().unwrap();
+                out.max_time_nanos = job.blocks.iter().map(|b| b.max_time_nanos).max().unwrap();
+                out.stats.bytes = job.blocks.iter().map(|b| b.stats.bytes).sum();
+                out.created_at_ms = (now + round * 10 * s) / 1_000_000;
+                blocks.retain(|b| !job.blocks.iter().any(|j| j.id == b.id));
+                blocks.push(out);
+            }
+        }
+        assert_eq!(
+            rounds[..3],
+            [
+                vec![(0, "h1a+h1b".to_owned()), (0, "h2a+h2b".to_owned())],
+                vec![(1, "r0j0+r0j1+x1+x2".to_owned())],
+                vec![],
+            ]
+        );
+        assert_eq!(blocks.len(), 1);
+        assert_eq!((blocks[0].level, blocks[0].stats.bytes), (2, 204));
     }
 
     /// The same cuts holding profiles ten days old (a backfill): their
