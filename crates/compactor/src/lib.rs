@@ -202,9 +202,9 @@ impl Job {
 /// The level-0 blocks of a window wait while they are still arriving:
 /// until its newest is `settle` old at `now_ms`, or its oldest
 /// [`SETTLE_LIMIT`] times that (a window whose cuts keep coming is still
-/// merged). A level-0 block alone in a window that has closed is a job
-/// of its own, so that it gets its rollup and its place in the levels
-/// without waiting for a sibling that will not come.
+/// merged). A level-0 block alone in a window that has closed (and is
+/// quiet, below) is a job of its own, so that it gets its rollup and its
+/// place in the levels without waiting for a sibling that will not come.
 ///
 /// What a job rewrites is bounded while its window grows. The blocks
 /// merged into a level whose window is open (today, for the day level)
