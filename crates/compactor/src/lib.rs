@@ -1305,6 +1305,24 @@ mod tests {
         most_in_an_open_hour: usize,
     }
 
+    impl Simulated {
+        /// About log2(120 cuts an hour) rewrites a byte cut, and as many
+        /// blocks in a growing hour, with room to spare.
+        fn assert_logarithmic(&self) {
+            assert!(
+                self.rewritten <= 10 * self.cut_bytes,
+                "{} bytes rewritten for {} of cuts",
+                self.rewritten,
+                self.cut_bytes
+            );
+            assert!(
+                self.most_in_an_open_hour <= 10,
+                "{} blocks in a growing hour",
+                self.most_in_an_open_hour
+            );
+        }
+    }
+
     /// Cuts of `every` (each `CUT` bytes, registered when it ends) from
     /// `T0 + first`, planned every `round` with a 5 s settle until `end`,
     /// every job carried out (its output: the sources' bytes, one level
@@ -1405,17 +1423,7 @@ mod tests {
     fn a_busy_hours_cuts_are_rewritten_a_logarithmic_number_of_times() {
         let s = 1_000_000_000;
         let sim = simulate(0, 30 * s, 10 * s, T0 + 3 * HOUR + 5 * MIN, 0);
-        assert!(
-            sim.rewritten <= 10 * sim.cut_bytes,
-            "{} bytes rewritten for {} of cuts",
-            sim.rewritten,
-            sim.cut_bytes
-        );
-        assert!(
-            sim.most_in_an_open_hour <= 10,
-            "{} blocks in an open hour",
-            sim.most_in_an_open_hour
-        );
+        sim.assert_logarithmic();
         for h in 0..3 {
             let hour: Vec<(u32, u64)> = sim
                 .blocks
@@ -1492,17 +1500,7 @@ mod tests {
         let s = 1_000_000_000;
         let end = T0 + 3 * HOUR;
         let sim = simulate_until(0, 30 * s, 10 * s, end, end + 2 * HOUR + MIN, 10 * DAY);
-        assert!(
-            sim.rewritten <= 10 * sim.cut_bytes,
-            "{} bytes rewritten for {} of cuts",
-            sim.rewritten,
-            sim.cut_bytes
-        );
-        assert!(
-            sim.most_in_an_open_hour <= 10,
-            "{} blocks in an hour being backfilled",
-            sim.most_in_an_open_hour
-        );
+        sim.assert_logarithmic();
         let all: Vec<(u32, u64)> = sim
             .blocks
             .iter()
