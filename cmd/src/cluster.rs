@@ -501,7 +501,9 @@ pub(crate) struct CompactionArgs {
     /// Time between compaction rounds.
     #[arg(long, env = "FATHOM_COMPACTION_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     compaction_interval: Duration,
-    /// Window of level-1 blocks (level 2: a day).
+    /// Window of level-1 blocks (level 2: a day). While a window grows,
+    /// its blocks are merged a few at a time; once closed and quiet for a
+    /// twelfth of its length (5m for an hour, 2h for a day), into one.
     #[arg(long, env = "FATHOM_COMPACTION_WINDOW", default_value = "1h", value_parser = parse_duration)]
     compaction_window: Duration,
     /// How long a window's newest level-0 block waits before the window's
