@@ -341,6 +341,7 @@ pub fn plan(blocks: &[BlockMeta], windows: &[Duration], now_ms: i64, settle: Dur
                 j.window_start_nanos,
             )
         })
+        // Settling blocks are level 0: their hour's day waits.
         .chain(settling.iter().map(|&(tenant, start)| (tenant, 1, start)))
         .filter(|&(_, up, _)| up <= top)
         .map(|(tenant, up, start)| (tenant.to_owned(), up as u32, window_of(up, start).0))
@@ -1254,8 +1255,13 @@ mod tests {
         // merged only with new blocks at least as large as itself.
         let open_day = |k_bytes: u64| {
             let mut blocks = blocks.clone();
-            blocks[8].stats.bytes = k_bytes;
-            blocks[9].stats.bytes = 100;
+            for b in &mut blocks {
+                match b.id.as_str() {
+                    "k" => b.stats.bytes = k_bytes,
+                    "l" => b.stats.bytes = 100,
+                    _ => {}
+                }
+            }
             plan_at(&blocks, T0 + HOUR + 2, Duration::ZERO)
         };
         assert_eq!(
@@ -1323,6 +1329,22 @@ mod tests {
         }
     }
 
+    /// What a job leaves in the index, for the planner's tests: its
+    /// sources replaced by a block `id` one level up, spanning them and
+    /// as large as they are together, created at `now` (unix nanoseconds).
+    fn carry_out(blocks: &mut Vec<BlockMeta>, job: &Job, id: &str, now: i64) {
+        let mut out = planned_meta(
+            id,
+            job.level + 1,
+            job.blocks.iter().map(|b| b.min_time_nanos).min().unwrap(),
+            job.blocks.iter().map(|b| b.max_time_nanos).max().unwrap(),
+        );
+        out.stats.bytes = job.blocks.iter().map(|b| b.stats.bytes).sum();
+        out.created_at_ms = now / 1_000_000;
+        blocks.retain(|b| !job.blocks.iter().any(|j| j.id == b.id));
+        blocks.push(out);
+    }
+
     /// Cuts of `every` (each `CUT` bytes, registered when it ends) from
     /// `T0 + first`, planned every `round` with a 5 s settle until `end`,
     /// every job carried out (its output: the sources' bytes, one level
@@ -1360,20 +1382,9 @@ mod tests {
                 next_cut += every;
             }
             for job in plan_at(&sim.blocks, now, Duration::from_secs(5)) {
-                let bytes: u64 = job.blocks.iter().map(|b| b.stats.bytes).sum();
-                sim.rewritten += bytes;
+                sim.rewritten += job.blocks.iter().map(|b| b.stats.bytes).sum::<u64>();
                 merged += 1;
-                let mut out = planned_meta(
-                    &format!("merged-{merged}"),
-                    job.level + 1,
-                    job.blocks.iter().map(|b| b.min_time_nanos).min().unwrap(),
-                    job.blocks.iter().map(|b| b.max_time_nanos).max().unwrap(),
-                );
-                out.stats.bytes = bytes;
-                out.created_at_ms = now / 1_000_000;
-                sim.blocks
-                    .retain(|b| !job.blocks.iter().any(|j| j.id == b.id));
-                sim.blocks.push(out);
+                carry_out(&mut sim.blocks, &job, &format!("merged-{merged}"), now);
             }
             let hour = (now - lag).div_euclid(HOUR) * HOUR;
             let open = sim
@@ -1470,13 +1481,12 @@ mod tests {
                     .collect::<Vec<_>>(),
             );
             for (n, job) in jobs.iter().enumerate() {
-                let mut out = planned_meta(&format!("r{round}j{n}"), job.level + 1, T0, T0 + 1);
-                out.min_time_nanos = job.blocks.iter().map(|b| b.min_time_nanos).min().unwrap();
-                out.max_time_nanos = job.blocks.iter().map(|b| b.max_time_nanos).max().unwrap();
-                out.stats.bytes = job.blocks.iter().map(|b| b.stats.bytes).sum();
-                out.created_at_ms = (now + round * 10 * s) / 1_000_000;
-                blocks.retain(|b| !job.blocks.iter().any(|j| j.id == b.id));
-                blocks.push(out);
+                carry_out(
+                    &mut blocks,
+                    job,
+                    &format!("r{round}j{n}"),
+                    now + round * 10 * s,
+                );
             }
         }
         assert_eq!(
