@@ -1193,6 +1193,13 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
         "info: head cuts during the runs: the single process {one_cuts}; the cluster's three ingesters {rf3_cuts} (each replica stores the series it comes first for); FATHOM_BENCH_INGEST_SECS={secs}, FATHOM_BENCH_INGEST_WARMUP_SECS={}",
         ingest_warmup_secs()
     );
+    // A record leaves out the stacks its replicas hold; after a cut the
+    // next writes of a stack carry it whole again.
+    println!(
+        "info: WAL bytes a byte of pprof acknowledged: the single process {:.3}; a cluster ingester {:.3} (the three WALs' bytes over three)",
+        one_cuts.wal_bytes / (one * el1 * 1e6).max(1.0),
+        rf3_cuts.wal_bytes / 3.0 / (rf3 * el3 * 1e6).max(1.0),
+    );
     print_prost_ratio(
         "ingest_single_process_as_process",
         one / cores as f64,
@@ -1383,6 +1390,8 @@ struct HeadCuts {
     /// (`fathom_ingester_profiles_left_to_peers_total`, `…_kept_from_peers_total`).
     left: f64,
     kept: f64,
+    /// Bytes of WAL records appended (`fathom_ingester_wal_bytes_total`).
+    wal_bytes: f64,
 }
 
 impl HeadCuts {
@@ -1395,6 +1404,7 @@ impl HeadCuts {
             encoded: self.encoded - before.encoded,
             left: self.left - before.left,
             kept: self.kept - before.kept,
+            wal_bytes: self.wal_bytes - before.wal_bytes,
         }
     }
 }
@@ -1426,6 +1436,7 @@ async fn head_cuts(urls: &[String]) -> HeadCuts {
         out.encoded += counter(u, "fathom_ingester_block_encode_seconds_count").await;
         out.left += counter(u, "fathom_ingester_profiles_left_to_peers_total").await;
         out.kept += counter(u, "fathom_ingester_profiles_kept_from_peers_total").await;
+        out.wal_bytes += counter(u, "fathom_ingester_wal_bytes_total").await;
         let live = counter(u, "fathom_ingester_head_bytes").await;
         let held = counter(u, "fathom_ingester_head_memory_bytes").await;
         if held > live {

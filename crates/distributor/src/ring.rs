@@ -22,6 +22,7 @@ use fathom_api::cluster::{ChannelError, Channels, IngesterAddr, Ingesters, quoru
 use fathom_model::{Id, IngestBatch, Symbols, TenantId};
 use fathom_proto::ingester::Record;
 use fathom_proto::ingester::ingester_service_client::IngesterServiceClient;
+use futures::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -222,6 +223,16 @@ impl ReplicatedWriter {
         }
     }
 
+    /// Waits until no replica write is in flight: those a write left
+    /// running when a quorum had answered included.
+    pub async fn settled(&self) {
+        let bounds: Vec<_> = self.per_replica.lock().values().cloned().collect();
+        for b in bounds {
+            // Never closed: acquiring every permit only waits.
+            let _all = b.acquire_many(MAX_WRITES_PER_REPLICA as u32).await;
+        }
+    }
+
     /// The bound on writes in flight to ingester `id`.
     fn replica_bound(&self, id: &str) -> Arc<tokio::sync::Semaphore> {
         self.per_replica
@@ -317,67 +328,77 @@ impl IngesterWriter for ReplicatedWriter {
         let writes = groups(batch).into_iter().map(|(key, group)| {
             let targets = replicas(&live, &key, rf);
             let record = bytes::Bytes::from(fathom_proto::encode_write_request(&group));
-            let group_tenant = group.tenant.clone();
-            let group_profiles = group.profiles.len() as i64;
+            let group = Arc::new(group);
             async move {
-                let sends = targets.iter().map(|t| {
-                    let record = record.clone();
-                    let span = tracing::info_span!(
-                        "replica_write",
-                        ingester = %t.id,
-                        tenant = %group_tenant,
-                        profiles = group_profiles,
-                        otel.kind = "client",
-                    );
-                    let bound = self.replica_bound(&t.id);
-                    async move {
-                        // Never closed, so acquiring only waits.
-                        let _slot = bound.acquire_owned().await;
-                        let held_under = relied.get(&t.id).copied().unwrap_or(0);
-                        (t, self.client.write(t, record, held_under).await)
+                // A slot on every replica first, taken in one order (by
+                // ingester id) by every write, so that two writes never
+                // each hold a slot the other waits for.
+                let mut by_id: Vec<&IngesterAddr> = targets.iter().collect();
+                by_id.sort_by(|a, b| a.id.cmp(&b.id));
+                let mut slots = HashMap::with_capacity(by_id.len());
+                for t in by_id {
+                    // Never closed, so acquiring only waits.
+                    if let Ok(slot) = self.replica_bound(&t.id).acquire_owned().await {
+                        slots.insert(t.id.as_str(), slot);
                     }
-                    .instrument(span)
-                });
-                let results = futures::future::join_all(sends).await;
+                }
+                // Each replica's write is a task of its own: it runs to its
+                // end (what the replica holds, or its failure counted) after
+                // this write was answered at a quorum.
+                let mut pending: futures::stream::FuturesUnordered<_> = targets
+                    .iter()
+                    .map(|t| {
+                        let span = tracing::info_span!(
+                            "replica_write",
+                            ingester = %t.id,
+                            tenant = %group.tenant,
+                            profiles = group.profiles.len(),
+                            otel.kind = "client",
+                        );
+                        let task = tokio::spawn(
+                            replica_write(ReplicaWrite {
+                                client: self.client.clone(),
+                                acked: self.acked.clone(),
+                                metrics: self.metrics.clone(),
+                                to: t.clone(),
+                                record: record.clone(),
+                                held_under: relied.get(&t.id).copied().unwrap_or(0),
+                                group: group.clone(),
+                                slot: slots.remove(t.id.as_str()),
+                            })
+                            .instrument(span),
+                        );
+                        let ingester = t.id.clone();
+                        async move {
+                            task.await.unwrap_or_else(|e| {
+                                Err(ReplicaError::Other {
+                                    ingester,
+                                    failure: ReplicaFailure::Failed,
+                                    source: Box::new(e),
+                                })
+                            })
+                        }
+                    })
+                    .collect();
                 let mut ok = 0;
                 let mut errors = Vec::new();
                 let mut limit = None;
                 let mut not_held = None;
-                for (t, r) in results {
+                while let Some(r) = pending.next().await {
                     match r {
-                        Ok(head) => {
-                            // What the replica holds from then on.
-                            self.acked.acknowledged(
-                                &t.id,
-                                &group_tenant,
-                                head,
-                                group.symbols.stacks.keys(),
-                                group
-                                    .profiles
-                                    .iter()
-                                    .flat_map(|p| p.samples.iter().map(|s| &s.stack)),
-                            );
-                            ok += 1;
-                            self.metrics
-                                .replica_writes
-                                .get_or_create(&vec![("outcome".into(), "ok".into())])
-                                .inc();
-                        }
-                        Err(e) => {
-                            tracing::warn!(ingester = %t.id, error = %e, "replica write failed");
-                            self.metrics
-                                .replica_writes
-                                .get_or_create(&vec![("outcome".into(), "error".into())])
-                                .inc();
-                            match e.failure() {
-                                ReplicaFailure::Limit => limit = Some(e),
-                                ReplicaFailure::Failed => errors.push(e),
-                                ReplicaFailure::NotHeld => {
-                                    self.acked.forget(&t.id, &group_tenant);
-                                    not_held = Some(e);
-                                }
-                            }
-                        }
+                        Ok(()) => ok += 1,
+                        Err(e) => match e.failure() {
+                            ReplicaFailure::Limit => limit = Some(e),
+                            ReplicaFailure::Failed => errors.push(e),
+                            ReplicaFailure::NotHeld => not_held = Some(e),
+                        },
+                    }
+                    // A quorum answers the write; the other replicas' writes
+                    // go on without it. (A replica that no longer held what
+                    // the record left out before then gets the write whole,
+                    // below.)
+                    if ok >= need && not_held.is_none() {
+                        return Ok(());
                     }
                 }
                 // With fewer live ingesters than the factor, every one of
@@ -429,6 +450,65 @@ impl IngesterWriter for ReplicatedWriter {
         } else {
             self.metrics.quorum_failures.inc();
             Err(WriteError::Groups(errors))
+        }
+    }
+}
+
+/// One replica's write and what the distributor learns from it.
+struct ReplicaWrite {
+    client: Arc<dyn ReplicaClient>,
+    acked: Arc<Acked>,
+    metrics: RingMetrics,
+    to: IngesterAddr,
+    record: bytes::Bytes,
+    held_under: u64,
+    group: Arc<IngestBatch>,
+    /// The write's share of [`MAX_WRITES_PER_REPLICA`], held to its end.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Sends one replica its record and keeps what the answer says: the
+/// stacks the replica holds from then on, or that it holds none of those
+/// left out (`NotHeld`); counts the outcome.
+async fn replica_write(w: ReplicaWrite) -> Result<(), ReplicaError> {
+    let ReplicaWrite {
+        client,
+        acked,
+        metrics,
+        to,
+        record,
+        held_under,
+        group,
+        slot: _slot,
+    } = w;
+    let outcome = |o: &str| {
+        metrics
+            .replica_writes
+            .get_or_create(&vec![("outcome".into(), o.into())])
+            .inc();
+    };
+    match client.write(&to, record, held_under).await {
+        Ok(head) => {
+            acked.acknowledged(
+                &to.id,
+                &group.tenant,
+                head,
+                group.symbols.stacks.keys(),
+                group
+                    .profiles
+                    .iter()
+                    .flat_map(|p| p.samples.iter().map(|s| &s.stack)),
+            );
+            outcome("ok");
+            Ok(())
+        }
+        Err(e) => {
+            tracing::warn!(ingester = %to.id, error = %e, "replica write failed");
+            outcome("error");
+            if e.failure() == ReplicaFailure::NotHeld {
+                acked.forget(&to.id, &group.tenant);
+            }
+            Err(e)
         }
     }
 }
@@ -574,6 +654,7 @@ mod tests {
     async fn quorum_of_three() {
         let (w, fake) = writer(&[], 3);
         w.write(batch(4)).await.unwrap();
+        w.settled().await;
         // Every profile on all three ingesters.
         let total: usize = fake.got.lock().iter().map(|g| g.1).sum();
         assert_eq!(total, 12);
@@ -678,5 +759,67 @@ mod tests {
             .await
             .expect("2 live of 3 still make a quorum");
         assert_eq!(fake.got.lock().len(), 2);
+    }
+
+    /// A replica whose writes wait at a gate until the test opens it.
+    struct Gated {
+        slow: &'static str,
+        gate: Arc<tokio::sync::Semaphore>,
+        got: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl ReplicaClient for Gated {
+        async fn write(
+            &self,
+            to: &IngesterAddr,
+            _: bytes::Bytes,
+            _: u64,
+        ) -> Result<u64, ReplicaError> {
+            if to.id == self.slow {
+                let _pass = self.gate.acquire().await;
+            }
+            self.got.lock().push(to.id.clone());
+            Ok(1)
+        }
+    }
+
+    /// A write is answered once a quorum acknowledged it, not when the
+    /// slowest replica did; the slow replica's write goes on after the
+    /// answer, to its end, and `settled` waits for it.
+    #[tokio::test]
+    async fn a_write_is_answered_at_a_quorum_and_the_slow_replica_still_takes_it() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let client = Arc::new(Gated {
+            slow: "ingester-2",
+            gate: gate.clone(),
+            got: Mutex::new(Vec::new()),
+        });
+        let w = ReplicatedWriter::new(
+            Arc::new(StaticIngesters(members(3))),
+            client.clone(),
+            3,
+            &mut Registry::default(),
+        );
+        // The gate stays shut: waiting for every replica would never end.
+        tokio::time::timeout(Duration::from_secs(30), w.write(batch(1)))
+            .await
+            .expect("answered without the slow replica")
+            .expect("2 of 3 is a quorum");
+        let mut got = client.got.lock().clone();
+        got.sort();
+        assert_eq!(got, ["ingester-0", "ingester-1"]);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), w.settled())
+                .await
+                .is_err(),
+            "the slow replica's write is still in flight, not dropped"
+        );
+        gate.add_permits(1);
+        tokio::time::timeout(Duration::from_secs(30), w.settled())
+            .await
+            .expect("settled once the slow replica took the write");
+        assert_eq!(client.got.lock().len(), 3);
+        assert_eq!(client.got.lock()[2], "ingester-2");
     }
 }

@@ -25,6 +25,17 @@ struct InProcess {
     /// Per record sent: the head number it was sent under
     /// (`Record.held_under`) and the receiving ingester's head then.
     held_under: Mutex<Vec<(u64, u64)>>,
+    /// An ingester whose answer the others' writes wait for, and the
+    /// gate (a semaphore without permits) it closes when it answered.
+    first: Mutex<Option<(String, Arc<tokio::sync::Semaphore>)>>,
+}
+
+impl InProcess {
+    /// The next writes reach ingester `id` first: the other replicas'
+    /// wait until it answered.
+    fn answer_first(&self, id: &str) {
+        *self.first.lock() = Some((id.to_owned(), Arc::new(tokio::sync::Semaphore::new(0))));
+    }
 }
 
 #[async_trait::async_trait]
@@ -40,10 +51,22 @@ impl ReplicaClient for InProcess {
             .iter()
             .find(|(id, _)| *id == to.id)
             .expect("a known ingester");
+        let first = self.first.lock().clone();
+        if let Some((id, gate)) = &first
+            && *id != to.id
+        {
+            let _open = gate.acquire().await;
+        }
         self.sent.lock().push((to.id.clone(), record.clone()));
         self.held_under.lock().push((held_under, ing.head()));
-        ing.write_record_to_head(record, held_under)
-            .await
+        let answer = ing.write_record_to_head(record, held_under).await;
+        if let Some((id, gate)) = &first
+            && *id == to.id
+        {
+            // Closed, it lets every waiting and later write through.
+            gate.close();
+        }
+        answer
             .map(|(_, head)| head)
             .map_err(|e| ReplicaError::Other {
                 ingester: to.id.clone(),
@@ -127,6 +150,7 @@ fn replicated(
             .collect(),
         sent: Mutex::new(Vec::new()),
         held_under: Mutex::new(Vec::new()),
+        first: Mutex::new(None),
     });
     let members = ids
         .iter()
@@ -153,6 +177,8 @@ async fn the_wal_holds_the_bytes_the_distributor_sent() {
         batch.profiles.iter().map(|p| p.labels.clone()).collect();
     assert_eq!(series.len(), 2, "two services, two ring groups");
     writer.write(batch.clone()).await.unwrap();
+    // Answered at a quorum: the third replica's write may still be going.
+    writer.settled().await;
 
     let sent = client.sent.lock().clone();
     assert_eq!(
@@ -258,15 +284,22 @@ async fn records_of_known_symbols_keep_every_head_whole() {
 }
 
 /// [`replicated`] behind a distributor.
-fn cluster(dirs: &[tempfile::TempDir]) -> (fathom_distributor::Distributor, Arc<InProcess>) {
+fn cluster(
+    dirs: &[tempfile::TempDir],
+) -> (
+    fathom_distributor::Distributor,
+    Arc<ReplicatedWriter>,
+    Arc<InProcess>,
+) {
     let mut registry = Registry::default();
     let (writer, client, _) = replicated(dirs, &mut registry);
+    let writer = Arc::new(writer);
     let d = fathom_distributor::Distributor::new(
         fathom_distributor::Limits::default(),
-        Arc::new(writer),
+        writer.clone(),
         &mut registry,
     );
-    (d, client)
+    (d, writer, client)
 }
 
 /// A distributor leaves out of a write the stacks every replica
@@ -278,7 +311,7 @@ fn cluster(dirs: &[tempfile::TempDir]) -> (fathom_distributor::Distributor, Arc<
 async fn acknowledged_stacks_are_left_out_until_a_head_is_cut() {
     use fathom_distributor::{Format, Idempotence, IngestRequest, Payload};
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let (d, client) = cluster(&dirs);
+    let (d, writer, client) = cluster(&dirs);
     let body = bytes::Bytes::from(
         std::fs::read(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -287,16 +320,21 @@ async fn acknowledged_stacks_are_left_out_until_a_head_is_cut() {
         .expect("corpus file"),
     );
     let t = TenantId::new("t1").unwrap();
-    let push = |n: u128| {
+    // A push answered (at a quorum), then every replica's write ended.
+    let push = async |n: u128| {
         let mut p = Payload::new(Format::Pprof, body.clone());
         p.labels = Labels::from_pairs([("service_name", "svc")]).unwrap();
         p.time_nanos = Some(1_700_000_000_000_000_000 + n as i64);
         p.idempotence = Idempotence::Key(fathom_model::Id::from_u128(n + 1));
-        d.ingest(IngestRequest {
-            tenant: t.clone(),
-            received_bytes: body.len(),
-            payloads: vec![p],
-        })
+        let answer = d
+            .ingest(IngestRequest {
+                tenant: t.clone(),
+                received_bytes: body.len(),
+                payloads: vec![p],
+            })
+            .await;
+        writer.settled().await;
+        answer
     };
     let sent = |from: usize| -> Vec<(String, bytes::Bytes)> { client.sent.lock()[from..].to_vec() };
     let formats = |records: &[(String, bytes::Bytes)]| -> Vec<u32> {
@@ -341,9 +379,13 @@ async fn acknowledged_stacks_are_left_out_until_a_head_is_cut() {
     }
 
     // One replica cut: it refuses the next record that leaves stacks out,
-    // and the distributor writes it whole to every replica.
+    // and the distributor writes it whole to every replica (when the
+    // refusal comes before a quorum's answers: here the others wait for
+    // it).
     client.ingesters[1].1.flush(None).await.unwrap();
+    client.answer_first(&client.ingesters[1].0);
     push(2).await.unwrap();
+    *client.first.lock() = None;
     let third = sent(6);
     assert_eq!(third.len(), 6, "three left-out records, then three whole");
     let whole_again: Vec<&(String, bytes::Bytes)> = third
