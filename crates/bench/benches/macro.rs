@@ -354,14 +354,19 @@ async fn push_clients(
         tasks.push(tokio::spawn(async move {
             let http = reqwest::Client::new();
             let mut i = first + w;
+            // Each acknowledged request's latency: from its send to its
+            // status.
+            let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let body = files[i % files.len()].clone();
+                let sent = Instant::now();
                 let r = request(&http, &url, protocol, &body.bytes, i)
                     .send()
                     .await
                     .expect("request");
                 let status = r.status();
                 if status.is_success() {
+                    latencies.push(sent.elapsed());
                     bytes.fetch_add(body.pprof_len, Ordering::Relaxed);
                     reqs.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -372,10 +377,12 @@ async fn push_clients(
                 }
                 i += clients;
             }
+            latencies
         }));
     }
+    let mut latencies = Vec::new();
     for t in tasks {
-        t.await.unwrap();
+        latencies.extend(t.await.unwrap());
     }
     let el = t0.elapsed().as_secs_f64();
     let mb = bytes.load(Ordering::Relaxed) as f64 / 1e6;
@@ -387,12 +394,33 @@ async fn push_clients(
         .map(|(status, (n, first))| format!("{n} x {status}, first: {}", first.trim()))
         .collect();
     println!(
-        "info: {protocol:?} to {} url(s), {clients} clients: {acked} requests acknowledged, {n} refused{}{}",
+        "info: {protocol:?} to {} url(s), {clients} clients: {acked} requests acknowledged ({}), {n} refused{}{}",
         urls.len(),
+        latency_percentiles(&mut latencies),
         if n > 0 { ": " } else { "" },
         detail.join("; ")
     );
     (mb / el, acked, el)
+}
+
+/// The median, 90th and 99th percentile and the largest of `latencies`,
+/// in milliseconds, as one phrase.
+fn latency_percentiles(latencies: &mut [Duration]) -> String {
+    if latencies.is_empty() {
+        return "no latencies".into();
+    }
+    latencies.sort_unstable();
+    let at = |q: f64| {
+        let i = ((latencies.len() - 1) as f64 * q).round() as usize;
+        latencies[i].as_secs_f64() * 1e3
+    };
+    format!(
+        "latency p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        at(1.0)
+    )
 }
 
 fn cores() -> usize {
@@ -1204,6 +1232,15 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
         "ingest_single_process_as_process",
         one / cores as f64,
         prost,
+    );
+    // The same run over the cores the `fathom` process itself kept busy:
+    // the figure above divides by every core, the benchmark's clients'
+    // share and the idle time included.
+    let one_busy = one_cpu / el1;
+    println!(
+        "figure ingest_single_process_as_process_per_busy_core: {:.1} MB/s per core the fathom process kept busy ({one_busy:.2} of {cores} cores: its user and system CPU time over the run, without the clients'); ratio {:.2} to the bare prost decode above",
+        one / one_busy.max(f64::MIN_POSITIVE),
+        one / one_busy.max(f64::MIN_POSITIVE) / prost.max(f64::MIN_POSITIVE),
     );
     if ingest_only {
         return;
