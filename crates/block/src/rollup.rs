@@ -7,8 +7,9 @@
 //! blocks freely: each block contributes either its rollup rows or its raw
 //! rows for a given time, never both.
 
-use std::collections::HashMap;
 use std::sync::Arc;
+
+use fathom_model::{Id, IdMap};
 
 use arrow::array::{
     Array, ArrayRef, FixedSizeBinaryArray, FixedSizeBinaryBuilder, Int64Array, Int64Builder,
@@ -117,18 +118,18 @@ pub(crate) fn build(batches: &[RecordBatch], widths: &[i64]) -> Result<RecordBat
     // Rows of one series are contiguous, however the batches cut them;
     // within it time ascends, so each width's buckets close in order.
     // A series' rows are written width by width once it ends.
-    let mut open: Vec<Buckets<'_>> = widths.iter().map(|&w| Buckets::new(w)).collect();
-    let mut current: Option<&[u8]> = None;
+    let mut open: Vec<Buckets> = widths.iter().map(|&w| Buckets::new(w)).collect();
+    let mut current: Option<&[u8; ID_LEN]> = None;
     for (series, time, stack, value) in columns {
-        for k in 0..series.len() {
-            let sid = series.value(k);
+        let rows = series.iter().zip(time).zip(stack).zip(value.iter());
+        for (((sid, &t), st), &v) in rows {
             if current != Some(sid) {
                 if let Some(done) = current {
                     out.series(done, &mut open)?;
                 }
                 current = Some(sid);
             }
-            let (t, st, v) = (time.value(k), stack.value(k), value.value(k));
+            let st = Id(*st);
             for b in &mut open {
                 b.add(t, st, v);
             }
@@ -140,50 +141,67 @@ pub(crate) fn build(batches: &[RecordBatch], widths: &[i64]) -> Result<RecordBat
     out.finish()
 }
 
-/// The columns of a samples batch that a rollup reads: series, time,
-/// stack and value.
-type KeyColumns<'a> = (
-    &'a FixedSizeBinaryArray,
-    &'a Int64Array,
-    &'a FixedSizeBinaryArray,
-    &'a Int64Array,
-);
+/// The bytes of a series or stack id.
+const ID_LEN: usize = 16;
+
+/// The columns of a samples batch that a rollup reads, as slices: series
+/// ids, times, stack ids and values, one entry a row.
+type KeyColumns<'a> = (&'a [[u8; ID_LEN]], &'a [i64], &'a [[u8; ID_LEN]], &'a [i64]);
 
 fn key_columns(b: &RecordBatch) -> Option<KeyColumns<'_>> {
-    Some((
-        b.column(0).as_any().downcast_ref()?,
-        b.column(1).as_any().downcast_ref()?,
-        b.column(3).as_any().downcast_ref()?,
-        b.column(4).as_any().downcast_ref()?,
-    ))
+    let ids = |i: usize| -> Option<&[[u8; ID_LEN]]> {
+        let a: &FixedSizeBinaryArray = b.column(i).as_any().downcast_ref()?;
+        // Ids are never null; a column of another width is not a block's.
+        if a.value_length() != ID_LEN as i32 || a.null_count() > 0 {
+            return None;
+        }
+        let (ids, rest) = a.value_data().as_chunks::<ID_LEN>();
+        (rest.is_empty() && ids.len() == a.len()).then_some(ids)
+    };
+    let ints = |i: usize| -> Option<&[i64]> {
+        let a: &Int64Array = b.column(i).as_any().downcast_ref()?;
+        (a.null_count() == 0).then(|| a.values().as_ref())
+    };
+    let cols = (ids(0)?, ints(1)?, ids(3)?, ints(4)?);
+    let n = cols.0.len();
+    (cols.1.len() == n && cols.2.len() == n && cols.3.len() == n).then_some(cols)
 }
 
 /// One width's buckets of the current series: the totals of the open
 /// bucket by stack, and the closed buckets' rows (start, stack, total).
-struct Buckets<'a> {
+struct Buckets {
     width: i64,
     start: Option<i64>,
-    totals: HashMap<&'a [u8], i64>,
-    closed: Vec<(i64, &'a [u8], i64)>,
+    /// The open bucket's times, `[start, start + width)`, when it has
+    /// them: a row inside needs no division to find its bucket (a
+    /// series' rows come in time order, most of them in the open bucket).
+    range: Option<(i64, i64)>,
+    totals: IdMap<i64>,
+    closed: Vec<(i64, Id, i64)>,
 }
 
-impl<'a> Buckets<'a> {
+impl Buckets {
     fn new(width: i64) -> Self {
         Buckets {
             width,
             start: None,
-            totals: HashMap::new(),
+            range: None,
+            totals: IdMap::default(),
             closed: Vec::new(),
         }
     }
 
-    fn add(&mut self, t: i64, stack: &'a [u8], value: i64) {
-        // A bucket below i64::MIN is keyed at i64::MIN: no range ever
-        // holds it whole, so readers never use its row.
-        let b = bucket_start(t, self.width).unwrap_or(i64::MIN);
-        if self.start != Some(b) {
-            self.close();
-            self.start = Some(b);
+    fn add(&mut self, t: i64, stack: Id, value: i64) {
+        if !self.range.is_some_and(|(from, to)| from <= t && t < to) {
+            // A bucket below i64::MIN is keyed at i64::MIN: no range ever
+            // holds it whole, so readers never use its row.
+            let b = bucket_start(t, self.width);
+            let key = b.unwrap_or(i64::MIN);
+            if self.start != Some(key) {
+                self.close();
+                self.start = Some(key);
+            }
+            self.range = b.and_then(|from| Some((from, from.checked_add(self.width)?)));
         }
         let e = self.totals.entry(stack).or_insert(0);
         // Wrapping like the raw merge's SUM, so both agree.
@@ -192,6 +210,7 @@ impl<'a> Buckets<'a> {
 
     /// Moves the open bucket's totals, by stack, to the closed rows.
     fn close(&mut self) {
+        self.range = None;
         let Some(b) = self.start.take() else { return };
         let first = self.closed.len();
         self.closed
@@ -222,14 +241,14 @@ impl Out {
 
     /// Appends the rows of series `sid`, width by width, and empties
     /// `open` for the next series.
-    fn series(&mut self, sid: &[u8], open: &mut [Buckets<'_>]) -> Result<()> {
+    fn series(&mut self, sid: &[u8], open: &mut [Buckets]) -> Result<()> {
         for b in open {
             b.close();
             for (start, st, v) in b.closed.drain(..) {
                 self.series.append_value(sid)?;
                 self.width.append_value(b.width);
                 self.start.append_value(start);
-                self.stack.append_value(st)?;
+                self.stack.append_value(st.0)?;
                 self.value.append_value(v);
             }
         }
@@ -313,6 +332,52 @@ mod tests {
             })
             .collect();
         assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+    }
+
+    /// Rows at the ends of time (a bucket below `i64::MIN`, a bucket
+    /// whose end is past `i64::MAX`) fall in the buckets `bucket_start`
+    /// names, found without dividing for rows inside the open bucket.
+    #[test]
+    fn buckets_at_the_ends_of_time() {
+        let id = |n: u8| fathom_model::Id([n; 16]);
+        let times = [
+            i64::MIN,
+            i64::MIN + 1,
+            i64::MIN + 7,
+            -HOUR_NANOS - 1,
+            -1,
+            0,
+            1,
+            HOUR_NANOS,
+            i64::MAX - 7,
+            i64::MAX - 1,
+            i64::MAX,
+        ];
+        let mut b = crate::SamplesBuilder::with_capacity(times.len());
+        for (i, t) in times.iter().enumerate() {
+            b.push(&id(1), *t, &id(9), &id((i % 2) as u8), i as i64 + 1);
+        }
+        let widths = [3, HOUR_NANOS, DAY_NANOS];
+        let got = build(&[b.finish()], &widths).unwrap();
+        let mut want = std::collections::BTreeMap::new();
+        for (i, &t) in times.iter().enumerate() {
+            for w in widths {
+                let start = bucket_start(t, w).unwrap_or(i64::MIN);
+                *want.entry((w, start, (i % 2) as u8)).or_insert(0i64) += i as i64 + 1;
+            }
+        }
+        let col = |i: usize| got.column(i).as_any();
+        let width = col(1).downcast_ref::<Int64Array>().unwrap();
+        let start = col(2).downcast_ref::<Int64Array>().unwrap();
+        let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+        let value = col(4).downcast_ref::<Int64Array>().unwrap();
+        let rows: Vec<((i64, i64, u8), i64)> = (0..got.num_rows())
+            .map(|i| {
+                let key = (width.value(i), start.value(i), stack.value(i)[0]);
+                (key, value.value(i))
+            })
+            .collect();
+        assert_eq!(rows, want.into_iter().collect::<Vec<_>>());
     }
 
     #[test]
