@@ -155,8 +155,9 @@ fn key_columns(b: &RecordBatch) -> Option<KeyColumns<'_>> {
         if a.value_length() != ID_LEN as i32 || a.null_count() > 0 {
             return None;
         }
-        let (ids, rest) = a.value_data().as_chunks::<ID_LEN>();
-        (rest.is_empty() && ids.len() == a.len()).then_some(ids)
+        // The array's ids, end to end (its values start at its offset).
+        let data = a.value_data().get(..a.len().checked_mul(ID_LEN)?)?;
+        Some(data.as_chunks::<ID_LEN>().0)
     };
     let ints = |i: usize| -> Option<&[i64]> {
         let a: &Int64Array = b.column(i).as_any().downcast_ref()?;
@@ -303,6 +304,13 @@ mod tests {
                 from = c;
             }
             assert_eq!(build(&batches, &[DAY_NANOS, h]).unwrap(), whole);
+        }
+        // Batches that are slices of one (their columns start at an
+        // offset into shared buffers) read as their own rows.
+        let one = batch(&rows);
+        for c in [1, 40, 119] {
+            let parts = [one.slice(0, c), one.slice(c, rows.len() - c)];
+            assert_eq!(build(&parts, &[DAY_NANOS, h]).unwrap(), whole);
         }
         // (series, width, bucket start, stack)
         type Key = ([u8; 16], i64, i64, [u8; 16]);
