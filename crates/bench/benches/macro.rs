@@ -1237,10 +1237,10 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     // the figure above divides by every core, the benchmark's clients'
     // share and the idle time included.
     let one_busy = one_cpu / el1;
+    let per_busy = one / one_busy.max(f64::MIN_POSITIVE);
     println!(
-        "figure ingest_single_process_as_process_per_busy_core: {:.1} MB/s per core the fathom process kept busy ({one_busy:.2} of {cores} cores: its user and system CPU time over the run, without the clients'); ratio {:.2} to the bare prost decode above",
-        one / one_busy.max(f64::MIN_POSITIVE),
-        one / one_busy.max(f64::MIN_POSITIVE) / prost.max(f64::MIN_POSITIVE),
+        "figure ingest_single_process_as_process_per_busy_core: {per_busy:.1} MB/s per core the fathom process kept busy ({one_busy:.2} of {cores} cores: its user and system CPU time over the run, without the clients'); ratio {:.2} to the bare prost decode above",
+        per_busy / prost.max(f64::MIN_POSITIVE),
     );
     if ingest_only {
         return;

@@ -185,30 +185,24 @@ impl IdChunk {
     /// Appends every id of `a`, which must be 16 bytes wide and hold no
     /// null; nothing is appended otherwise.
     fn push(&mut self, a: &FixedSizeBinaryArray) -> Result<()> {
-        if a.value_size() != 16 || a.null_count() > 0 {
-            return Err(ParquetError::General(format!(
+        let ids = crate::id_values(a).ok_or_else(|| {
+            ParquetError::General(format!(
                 "column {}: ids must be 16 bytes and not null (got {} bytes, {} nulls)",
                 self.descr.path(),
                 a.value_size(),
                 a.null_count()
-            )));
-        }
-        // The array's ids, end to end (its values start at its offset).
-        let data = a.value_data().get(..a.len() * 16).ok_or_else(|| {
-            ParquetError::General(format!("column {}: ids cut short", self.descr.path()))
+            ))
         })?;
         if !self.layout.dictionary {
-            self.ids.extend_from_slice(data);
+            self.ids.extend_from_slice(ids.as_flattened());
             return Ok(());
         }
-        self.keys.reserve(a.len());
+        self.keys.reserve(ids.len());
         // The last id and its index: a run of one id (a sample's series
         // and profile come in runs) is looked up once.
         let mut last: Option<(Id, u32)> = None;
-        for chunk in data.chunks_exact(16) {
-            let Ok(id) = <[u8; 16]>::try_from(chunk).map(Id) else {
-                continue;
-            };
+        for &id in ids {
+            let id = Id(id);
             if let Some((_, key)) = last.filter(|(l, _)| *l == id) {
                 self.keys.push(key);
                 continue;

@@ -43,8 +43,8 @@ pub use read::{
 };
 pub use rollup::{Cover, DAY_NANOS, HOUR_NANOS, bucket_start, full_buckets};
 pub use schema::{
-    ProfileRow, SeriesRow, columns, profiles_schema, rollup_schema, samples_schema, series_schema,
-    stacks_schema,
+    ProfileRow, SeriesRow, columns, id_values, profiles_schema, rollup_schema, samples_schema,
+    series_schema, stacks_schema,
 };
 pub use write::{
     BlockData, SamplesBuilder, encode_block, encode_sorted_block, samples_batch, samples_sorted,

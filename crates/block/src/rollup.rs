@@ -12,8 +12,7 @@ use std::sync::Arc;
 use fathom_model::{Id, IdMap};
 
 use arrow::array::{
-    Array, ArrayRef, FixedSizeBinaryArray, FixedSizeBinaryBuilder, Int64Array, Int64Builder,
-    RecordBatch,
+    Array, ArrayRef, FixedSizeBinaryBuilder, Int64Array, Int64Builder, RecordBatch,
 };
 
 use crate::Result;
@@ -119,7 +118,7 @@ pub(crate) fn build(batches: &[RecordBatch], widths: &[i64]) -> Result<RecordBat
     // within it time ascends, so each width's buckets close in order.
     // A series' rows are written width by width once it ends.
     let mut open: Vec<Buckets> = widths.iter().map(|&w| Buckets::new(w)).collect();
-    let mut current: Option<&[u8; ID_LEN]> = None;
+    let mut current: Option<&[u8; 16]> = None;
     for (series, time, stack, value) in columns {
         let rows = series.iter().zip(time).zip(stack).zip(value.iter());
         for (((sid, &t), st), &v) in rows {
@@ -141,24 +140,12 @@ pub(crate) fn build(batches: &[RecordBatch], widths: &[i64]) -> Result<RecordBat
     out.finish()
 }
 
-/// The bytes of a series or stack id.
-const ID_LEN: usize = 16;
-
 /// The columns of a samples batch that a rollup reads, as slices: series
 /// ids, times, stack ids and values, one entry a row.
-type KeyColumns<'a> = (&'a [[u8; ID_LEN]], &'a [i64], &'a [[u8; ID_LEN]], &'a [i64]);
+type KeyColumns<'a> = (&'a [[u8; 16]], &'a [i64], &'a [[u8; 16]], &'a [i64]);
 
 fn key_columns(b: &RecordBatch) -> Option<KeyColumns<'_>> {
-    let ids = |i: usize| -> Option<&[[u8; ID_LEN]]> {
-        let a: &FixedSizeBinaryArray = b.column(i).as_any().downcast_ref()?;
-        // Ids are never null; a column of another width is not a block's.
-        if a.value_length() != ID_LEN as i32 || a.null_count() > 0 {
-            return None;
-        }
-        // The array's ids, end to end (its values start at its offset).
-        let data = a.value_data().get(..a.len().checked_mul(ID_LEN)?)?;
-        Some(data.as_chunks::<ID_LEN>().0)
-    };
+    let ids = |i: usize| crate::id_values(b.column(i).as_any().downcast_ref()?);
     let ints = |i: usize| -> Option<&[i64]> {
         let a: &Int64Array = b.column(i).as_any().downcast_ref()?;
         (a.null_count() == 0).then(|| a.values().as_ref())
@@ -271,6 +258,7 @@ impl Out {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow::array::FixedSizeBinaryArray;
 
     /// A rollup of rows cut into batches anywhere (inside a series, inside
     /// a bucket) is the rollup of the same rows in one batch, and each of

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use arrow::array::{Array, FixedSizeBinaryArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use fathom_model::{Id, Labels, Profile, ProfileType};
 
@@ -43,6 +44,17 @@ pub(crate) const ID: DataType = DataType::FixedSizeBinary(16);
 
 fn id_field(name: &str) -> Field {
     Field::new(name, ID, false)
+}
+
+/// The ids of an id column, end to end, read in place (its values start
+/// at its offset); `None` unless the column is 16 bytes wide and holds
+/// no null.
+pub fn id_values(a: &FixedSizeBinaryArray) -> Option<&[[u8; 16]]> {
+    if a.value_size() != 16 || a.null_count() > 0 {
+        return None;
+    }
+    let data = a.value_data().get(..a.len().checked_mul(16)?)?;
+    Some(data.as_chunks::<16>().0)
 }
 
 /// `samples`: one row per (profile, stack, value); sorted by series_id,

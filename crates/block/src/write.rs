@@ -430,14 +430,8 @@ struct RowOrder {
 /// The ids of `a` as big-endian numbers; `None` unless `a` holds `rows`
 /// 16-byte ids.
 fn id_numbers(a: &FixedSizeBinaryArray, rows: usize) -> Option<impl Iterator<Item = u128> + '_> {
-    let data = a
-        .value_data()
-        .get(..rows.checked_mul(16)?)
-        .filter(|_| a.value_size() == 16 && arrow::array::Array::len(a) == rows)?;
-    Some(
-        data.chunks_exact(16)
-            .map(|c| u128::from_be_bytes(c.try_into().unwrap_or_default())),
-    )
+    let ids = crate::id_values(a).filter(|ids| ids.len() == rows)?;
+    Some(ids.iter().map(|&id| u128::from_be_bytes(id)))
 }
 
 impl RowOrder {

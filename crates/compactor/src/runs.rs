@@ -37,10 +37,8 @@ struct Keys<'a> {
 type RunKey<'a> = (&'a [u8], i64, &'a [u8]);
 
 fn id_bytes(a: &FixedSizeBinaryArray, rows: usize) -> Option<&[u8]> {
-    if a.value_size() != 16 || a.len() != rows || a.null_count() != 0 {
-        return None;
-    }
-    a.value_data().get(..rows.checked_mul(16)?)
+    let ids = fathom_block::id_values(a).filter(|ids| ids.len() == rows)?;
+    Some(ids.as_flattened())
 }
 
 /// The bytes of the id at `row`.
