@@ -228,13 +228,14 @@ fn compact(c: &mut Criterion) {
         metas.push(meta);
     }
     let compacted = || {
-        let (mut data, merged) = rt
+        let mut m = rt
             .block_on(fathom_compactor::merge(&store, &metas))
             .expect("merge");
         // The rollups a compaction of level-0 blocks writes (hours).
-        data.rollup_widths_nanos =
+        m.data.rollup_widths_nanos =
             fathom_compactor::rollup_widths(&fathom_compactor::Config::default().windows, 0);
-        let (meta, _) = fathom_block::encode_block(&data).expect("encode merged");
+        let merged = m.stats;
+        let (meta, _) = m.encode().expect("encode merged");
         (meta, merged)
     };
     let (meta, merged) = compacted();

@@ -38,8 +38,8 @@ mod write;
 pub use index::{BlockIndex, IndexError, MemoryIndex};
 pub use meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 pub use read::{
-    list_blocks, read_meta, read_profiles, read_sample_rows, read_samples, read_series,
-    read_symbols,
+    SampleFile, SampleRows, list_blocks, read_meta, read_profiles, read_sample_rows, read_samples,
+    read_series, read_symbols,
 };
 pub use rollup::{Cover, DAY_NANOS, HOUR_NANOS, bucket_start, full_buckets};
 pub use schema::{
@@ -47,8 +47,8 @@ pub use schema::{
     series_schema, stacks_schema,
 };
 pub use write::{
-    BlockData, SamplesBuilder, encode_block, encode_sorted_block, samples_batch, samples_sorted,
-    write_block,
+    BlockData, EncodedBlock, SamplesBuilder, encode_block, encode_sorted_block, encode_sorted_rows,
+    samples_batch, samples_sorted, write_block,
 };
 
 use object_store::path::Path;

@@ -8,8 +8,10 @@ use fathom_model::{Function, Id, Labels, Line, Location, Mapping, Stack, Symbols
 use object_store::ObjectStore;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
+use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder, RowSelection,
 };
 use parquet::file::metadata::PageIndexPolicy;
 
@@ -65,19 +67,20 @@ pub async fn list_blocks(store: &dyn ObjectStore) -> Result<Vec<BlockMeta>> {
     Ok(out)
 }
 
+/// Every row of one of a block's files, in batches of parquet-rs's
+/// default size.
 async fn read_file(
     store: &dyn ObjectStore,
     meta: &BlockMeta,
     file: &'static str,
 ) -> Result<Vec<RecordBatch>> {
-    read_file_in(store, meta, file, DEFAULT_ROWS).await
+    let bytes = file_bytes(store, meta, file).await?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+    Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
-/// Rows a batch [`read_file`] gives (parquet-rs's default).
-const DEFAULT_ROWS: usize = 1024;
-
-/// Rows a batch of samples [`read_samples`] gives: a block's millions of
-/// rows in a few hundred batches, not thousands.
+/// Rows a batch of samples [`SampleFile::rows`] gives: a block's millions
+/// of rows in a few hundred batches, not thousands.
 const SAMPLE_ROWS: usize = 1 << 16;
 
 /// The whole of one of a block's files.
@@ -93,29 +96,14 @@ async fn file_bytes(
         .await?)
 }
 
-async fn read_file_in(
-    store: &dyn ObjectStore,
-    meta: &BlockMeta,
-    file: &'static str,
-    rows: usize,
-) -> Result<Vec<RecordBatch>> {
-    let bytes = file_bytes(store, meta, file).await?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?
-        .with_batch_size(rows)
-        .build()?;
-    Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
-}
-
-/// Every sample row of a block, in [`crate::samples_schema`] (compaction).
+/// Every sample row of a block, in [`crate::samples_schema`].
 pub async fn read_samples(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<Vec<RecordBatch>> {
-    read_file_in(store, meta, files::SAMPLES, SAMPLE_ROWS).await
+    SampleFile::fetch(store, meta).await?.rows()?.collect()
 }
 
 /// The sample rows of a block at `ranges` (row numbers, ascending, not
-/// overlapping), in [`crate::samples_schema`]. The file is fetched whole,
-/// but pages that hold none of the rows are not decoded (the block's page
-/// index locates them), so a compaction decodes of a replica only the
-/// profiles no earlier source gave. An empty `ranges` fetches nothing.
+/// overlapping), in [`crate::samples_schema`]; see [`SampleFile::select`].
+/// An empty `ranges` fetches nothing.
 pub async fn read_sample_rows(
     store: &dyn ObjectStore,
     meta: &BlockMeta,
@@ -124,25 +112,134 @@ pub async fn read_sample_rows(
     if ranges.is_empty() {
         return Ok(Vec::new());
     }
-    let bytes = file_bytes(store, meta, files::SAMPLES).await?;
-    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
-    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options)?;
-    let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
-    if ranges.iter().any(|r| r.start > r.end || r.end > rows)
-        || ranges.windows(2).any(|w| w[0].end > w[1].start)
-    {
-        return Err(corrupt(
-            meta,
-            files::SAMPLES,
-            format!("row ranges beyond its {rows} rows or out of order"),
-        ));
+    SampleFile::fetch(store, meta)
+        .await?
+        .select(ranges)?
+        .rows()?
+        .collect()
+}
+
+/// A block's samples file, fetched whole (compressed: a few bytes a
+/// row) and decoded a batch at a time as it is read, so that a
+/// compaction merges its sources' rows without holding any source
+/// decoded whole. Cloning it shares the bytes.
+#[derive(Clone)]
+pub struct SampleFile {
+    block: String,
+    bytes: Bytes,
+    metadata: ArrowReaderMetadata,
+    /// The rows read, or every row.
+    selection: Option<RowSelection>,
+}
+
+impl SampleFile {
+    /// Fetches the samples file of `meta` and reads its footer.
+    pub async fn fetch(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<Self> {
+        let bytes = file_bytes(store, meta, files::SAMPLES).await?;
+        Self::from_bytes(&meta.id, bytes)
     }
-    let selection = RowSelection::from_consecutive_ranges(ranges.iter().cloned(), rows);
-    let reader = builder
-        .with_row_selection(selection)
-        .with_batch_size(SAMPLE_ROWS)
-        .build()?;
-    Ok(reader.collect::<std::result::Result<Vec<_>, _>>()?)
+
+    /// The samples file `bytes` of block `block`.
+    pub fn from_bytes(block: &str, bytes: Bytes) -> Result<Self> {
+        // The page index lets a selection skip the pages it does not
+        // hold; a file without one is read page by page.
+        let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+        let metadata = ArrowReaderMetadata::load(&bytes, options)?;
+        Ok(SampleFile {
+            block: block.to_owned(),
+            bytes,
+            metadata,
+            selection: None,
+        })
+    }
+
+    /// The block the file is of.
+    pub fn block(&self) -> &str {
+        &self.block
+    }
+
+    /// Rows of the file.
+    pub fn num_rows(&self) -> usize {
+        usize::try_from(self.metadata.metadata().file_metadata().num_rows()).unwrap_or(0)
+    }
+
+    /// Only the rows at `ranges` (row numbers, ascending, not
+    /// overlapping): pages that hold none of them are not decoded, so a
+    /// compaction decodes of a replica only the profiles no earlier
+    /// source gave. Ranges beyond the file or out of order are refused.
+    pub fn select(mut self, ranges: &[std::ops::Range<usize>]) -> Result<Self> {
+        let rows = self.num_rows();
+        if ranges.iter().any(|r| r.start > r.end || r.end > rows)
+            || ranges.windows(2).any(|w| w[0].end > w[1].start)
+        {
+            return Err(Error::Corrupt {
+                block: self.block,
+                file: files::SAMPLES,
+                what: format!("row ranges beyond its {rows} rows or out of order"),
+            });
+        }
+        self.selection = Some(RowSelection::from_consecutive_ranges(
+            ranges.iter().cloned(),
+            rows,
+        ));
+        Ok(self)
+    }
+
+    /// The same file with every row selected.
+    pub fn whole(&self) -> Self {
+        SampleFile {
+            selection: None,
+            ..self.clone()
+        }
+    }
+
+    /// Whether only some rows are selected.
+    pub fn is_selection(&self) -> bool {
+        self.selection.is_some()
+    }
+
+    /// The selected rows, every column, in batches of up to 64 Ki rows.
+    pub fn rows(&self) -> Result<SampleRows> {
+        self.read(ProjectionMask::all())
+    }
+
+    /// The selected rows' columns `names` only (in the file's order).
+    pub fn columns(&self, names: &[&str]) -> Result<SampleRows> {
+        let schema = self.metadata.schema();
+        let mut at = Vec::with_capacity(names.len());
+        for n in names {
+            at.push(schema.index_of(n).map_err(|_| Error::Corrupt {
+                block: self.block.clone(),
+                file: files::SAMPLES,
+                what: format!("no column {n}"),
+            })?);
+        }
+        self.read(ProjectionMask::roots(self.metadata.parquet_schema(), at))
+    }
+
+    fn read(&self, mask: ProjectionMask) -> Result<SampleRows> {
+        let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            self.bytes.clone(),
+            self.metadata.clone(),
+        )
+        .with_projection(mask)
+        .with_batch_size(SAMPLE_ROWS);
+        if let Some(s) = &self.selection {
+            builder = builder.with_row_selection(s.clone());
+        }
+        Ok(SampleRows(builder.build()?))
+    }
+}
+
+/// Batches of a [`SampleFile`]'s rows, decoded as they are taken.
+pub struct SampleRows(ParquetRecordBatchReader);
+
+impl Iterator for SampleRows {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|r| r.map_err(Error::from))
+    }
 }
 
 fn corrupt(meta: &BlockMeta, file: &'static str, what: impl Into<String>) -> Error {

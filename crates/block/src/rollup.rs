@@ -97,47 +97,84 @@ impl Cover {
 
 /// The rollup rows of the samples of `batches` (in `samples_schema`, one
 /// batch after another sorted by series_id then time_nanos) for each of
-/// `widths`, in `rollup_schema` order. The batches are read where they
-/// are: a block's rows are not first copied into one batch.
+/// `widths`, in `rollup_schema` order.
+#[cfg(test)]
 pub(crate) fn build(batches: &[RecordBatch], widths: &[i64]) -> Result<RecordBatch> {
-    let columns = batches
-        .iter()
-        .map(key_columns)
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| crate::Error::Corrupt {
-            block: String::new(),
-            file: crate::files::SAMPLES,
-            what: "samples batch does not match its schema".into(),
-        })?;
-    let mut widths: Vec<i64> = widths.iter().copied().filter(|w| *w > 0).collect();
-    widths.sort_unstable();
-    widths.dedup();
+    let mut b = Builder::new(widths);
+    for batch in batches {
+        b.push(batch)?;
+    }
+    b.finish()
+}
 
-    let mut out = Out::new();
-    // Rows of one series are contiguous, however the batches cut them;
-    // within it time ascends, so each width's buckets close in order.
-    // A series' rows are written width by width once it ends.
-    let mut open: Vec<Buckets> = widths.iter().map(|&w| Buckets::new(w)).collect();
-    let mut current: Option<&[u8; 16]> = None;
-    for (series, time, stack, value) in columns {
+/// A rollup built as sample rows stream past: batch after batch in
+/// `samples_schema`, sorted by series_id then time_nanos, none of them
+/// kept. It holds the open series' buckets and the rollup rows built so
+/// far, so its memory is the rollup's size, not the samples'.
+pub(crate) struct Builder {
+    widths: Vec<i64>,
+    /// Each width's buckets of the open series.
+    open: Vec<Buckets>,
+    /// The series whose rows come now.
+    current: Option<[u8; 16]>,
+    out: Out,
+}
+
+impl Builder {
+    /// A rollup of `widths` (nanoseconds; those not above 0 ignored).
+    pub(crate) fn new(widths: &[i64]) -> Self {
+        let mut widths: Vec<i64> = widths.iter().copied().filter(|w| *w > 0).collect();
+        widths.sort_unstable();
+        widths.dedup();
+        Builder {
+            open: widths.iter().map(|&w| Buckets::new(w)).collect(),
+            widths,
+            current: None,
+            out: Out::new(),
+        }
+    }
+
+    /// Whether the rollup has any width: without one it has no rows.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.widths.is_empty()
+    }
+
+    /// Adds the rows of `batch`, which come after those pushed before.
+    pub(crate) fn push(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.widths.is_empty() {
+            return Ok(());
+        }
+        let (series, time, stack, value) =
+            key_columns(batch).ok_or_else(|| crate::Error::Corrupt {
+                block: String::new(),
+                file: crate::files::SAMPLES,
+                what: "samples batch does not match its schema".into(),
+            })?;
+        // Rows of one series are contiguous, however the batches cut
+        // them; within it time ascends, so each width's buckets close in
+        // order. A series' rows are written width by width once it ends.
         let rows = series.iter().zip(time).zip(stack).zip(value.iter());
         for (((sid, &t), st), &v) in rows {
-            if current != Some(sid) {
-                if let Some(done) = current {
-                    out.series(done, &mut open)?;
-                }
-                current = Some(sid);
+            if self.current.as_ref() != Some(sid)
+                && let Some(done) = self.current.replace(*sid)
+            {
+                self.out.series(&done, &mut self.open)?;
             }
             let st = Id(*st);
-            for b in &mut open {
+            for b in &mut self.open {
                 b.add(t, st, v);
             }
         }
+        Ok(())
     }
-    if let Some(done) = current {
-        out.series(done, &mut open)?;
+
+    /// The rollup rows, width by width within each series.
+    pub(crate) fn finish(mut self) -> Result<RecordBatch> {
+        if let Some(done) = self.current.take() {
+            self.out.series(&done, &mut self.open)?;
+        }
+        self.out.finish()
     }
-    out.finish()
 }
 
 /// The columns of a samples batch that a rollup reads, as slices: series

@@ -486,9 +486,12 @@ fn sort_samples(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
     Ok(vec![arrow::compute::take_record_batch(&all, &idx)?])
 }
 
+/// An encoded block: its meta, and its files by name.
+pub type EncodedBlock = (BlockMeta, Vec<(&'static str, Bytes)>);
+
 /// The Parquet files of a block, and its meta. CPU-heavy: run it off the
 /// I/O runtime.
-pub fn encode_block(data: &BlockData) -> Result<(BlockMeta, Vec<(&'static str, Bytes)>)> {
+pub fn encode_block(data: &BlockData) -> Result<EncodedBlock> {
     let samples = sort_samples(&data.samples)?;
     encode_rows(data, samples.into_iter().map(Ok))
 }
@@ -504,10 +507,21 @@ pub fn encode_sorted_block(
     data: &BlockData,
     sorted: impl IntoIterator<Item = RecordBatch>,
 ) -> Result<(BlockMeta, Vec<(&'static str, Bytes)>)> {
+    encode_sorted_rows(data, sorted.into_iter().map(Ok))
+}
+
+/// [`encode_sorted_block`] of rows read as they are encoded (a
+/// compaction's merge of its sources' files, row group by row group):
+/// the first error a batch gives fails the encoding.
+pub fn encode_sorted_rows(
+    data: &BlockData,
+    sorted: impl IntoIterator<Item = Result<RecordBatch>>,
+) -> Result<EncodedBlock> {
     let mut order = RowOrder::default();
     encode_rows(
         data,
         sorted.into_iter().map(move |b| {
+            let b = b?;
             if order.extend(&b) {
                 Ok(b)
             } else {
@@ -543,26 +557,27 @@ fn encode_rows(
         .collect();
     rollup_widths.sort_unstable();
     rollup_widths.dedup();
-    // The rollup is built from every row, read in its batches: they are
-    // kept (shared, not copied) only when it is wanted.
-    let mut kept = Vec::new();
+    // The rollup is built as the rows pass, and each batch dropped once
+    // written: a compaction's window of rows is never held whole.
+    let mut rollup = crate::rollup::Builder::new(&rollup_widths);
     let mut sample_rows = 0u64;
     let mut w = FileWriter::new(samples_schema(), Rows::Sorted)?;
     for b in samples {
         let b = b?;
         sample_rows += b.num_rows() as u64;
         w.write(&b)?;
-        if !rollup_widths.is_empty() {
-            kept.push(b);
-        }
+        rollup.push(&b)?;
     }
     let samples_pq = w.finish()?;
 
-    let rollup_pq = if rollup_widths.is_empty() {
+    let rollup_pq = if rollup.is_empty() {
         None
     } else {
-        let rollup = crate::rollup::build(&kept, &rollup_widths)?;
-        Some(to_parquet(rollup_schema(), &[rollup], Rows::Sorted)?)
+        Some(to_parquet(
+            rollup_schema(),
+            &[rollup.finish()?],
+            Rows::Sorted,
+        )?)
     };
 
     let mut profiles = data.profiles.clone();

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, BooleanArray, FixedSizeBinaryArray, RecordBatch};
-use fathom_block::{BlockData, BlockMeta, ProfileRow, SeriesRow, block_dir, columns};
+use fathom_block::{BlockData, BlockMeta, ProfileRow, SampleFile, SeriesRow, block_dir, columns};
 use fathom_model::{Id, IdHasher, IdSet, Symbols};
 use futures::TryStreamExt;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -457,12 +457,49 @@ pub struct MergeStats {
     pub symbol_tables_not_read: u64,
 }
 
+/// A compaction's merge, read but not yet encoded: the merged block's
+/// series, profiles and symbols, and its sources' samples files, whose
+/// rows [`Merged::encode`] merges as it writes them.
+pub struct Merged {
+    /// The merged block, without its sample rows (`samples` is empty).
+    pub data: BlockData,
+    pub stats: MergeStats,
+    sources: Vec<runs::Source>,
+}
+
+impl Merged {
+    /// The merged sample rows in the block's order, each profile once,
+    /// decoded from the sources' files as they are taken. Sources out of
+    /// the block's order give rows out of order.
+    pub fn samples(&self) -> Result<impl Iterator<Item = Result<RecordBatch, Error>> + '_, Error> {
+        Ok(runs::Merge::new(&self.sources)?.map(|b| b.map_err(Error::from)))
+    }
+
+    /// The merged block's files and meta. CPU-heavy: run it off the I/O
+    /// runtime. The rows stream from the sources' files through the
+    /// merge into the encoder, a batch at a time; only when a source's
+    /// rows are out of the block's order (no block this crate or an
+    /// ingester writes) are they all held, filtered and sorted.
+    pub fn encode(mut self) -> Result<fathom_block::EncodedBlock, Error> {
+        match fathom_block::encode_sorted_rows(&self.data, runs::Merge::new(&self.sources)?) {
+            Err(fathom_block::Error::Unsorted) => {
+                tracing::debug!(
+                    "a compaction's source rows are out of the block's order; sorting them"
+                );
+                self.data.samples = without_duplicates(&self.sources)?;
+                Ok(fathom_block::encode_block(&self.data)?)
+            }
+            r => Ok(r?),
+        }
+    }
+}
+
 /// The merge of `sources`: every profile once (the first block that holds
-/// it wins), series spans widened, symbol tables united.
-pub async fn merge(
-    store: &dyn ObjectStore,
-    sources: &[BlockMeta],
-) -> Result<(BlockData, MergeStats), Error> {
+/// it wins), series spans widened, symbol tables united. The sample rows
+/// are merged as [`Merged::encode`] writes them; here each source's
+/// samples file is fetched (compressed) and, where needed, its profile
+/// and stack columns read.
+pub async fn merge(store: &dyn ObjectStore, sources: &[BlockMeta]) -> Result<Merged, Error> {
     let tenant = sources
         .first()
         .map(|b| b.tenant.clone())
@@ -502,42 +539,38 @@ pub async fn merge(
             stats.symbol_tables_not_read += 1;
             continue;
         }
-        let batches = if dup.is_empty() {
-            fathom_block::read_samples(store, b).await?
+        let file = SampleFile::fetch(store, b).await?;
+        let file = if dup.is_empty() {
+            file
         } else {
-            read_new_rows(store, b, &new, &mut stats).await?
+            new_rows(file, b, &new, &mut stats)?
         };
         // A replica's new profiles mostly sample stacks an earlier
         // source brought: its symbol table is read only when they do not
         // (the tables are closed, so a held stack's frames are held too).
-        if !dup.is_empty() && stacks_held(&batches, &symbols) {
+        if !dup.is_empty() && stacks_held(&file, &symbols)? {
             stats.symbol_tables_not_read += 1;
         } else {
             symbols.merge_owned(fathom_block::read_symbols(store, b).await?);
         }
-        rows.push(runs::Source { batches, dup });
+        rows.push(runs::Source { file, dup });
     }
-    let samples = match runs::merge_sorted(&rows).map_err(|e| Error::Task(e.to_string()))? {
-        Some(merged) => merged,
-        // Rows out of the block's order: the duplicates filtered out
-        // here, the rest sorted by the encoder.
-        None => without_duplicates(rows)?,
-    };
     let level = sources.iter().map(|b| b.level).max().unwrap_or(0) + 1;
-    Ok((
-        BlockData {
+    Ok(Merged {
+        data: BlockData {
             tenant,
             source: String::new(),
             level,
             compacted_from: sources.iter().map(|b| b.id.clone()).collect(),
             series: series.into_values().collect(),
             profiles,
-            samples,
+            samples: Vec::new(),
             symbols: Arc::new(symbols),
             rollup_widths_nanos: Vec::new(),
         },
         stats,
-    ))
+        sources: rows,
+    })
 }
 
 /// A source's profiles in its samples' order, as its profile table
@@ -582,90 +615,106 @@ impl NewRows {
         !self.overflowed && self.counted == samples
     }
 
+    /// Rows the kept profiles have, as counted.
+    fn kept_rows(&self) -> u64 {
+        self.kept.iter().map(|(_, n)| *n).sum()
+    }
+
     /// Whether `batches` are the kept profiles' rows: one run of each,
     /// in order, as long as counted.
-    fn runs_match(&self, batches: &[RecordBatch]) -> bool {
+    fn runs_match(
+        &self,
+        batches: impl Iterator<Item = fathom_block::Result<RecordBatch>>,
+    ) -> Result<bool, Error> {
         let mut want = self.kept.iter();
-        let mut run: Option<(&[u8], u64)> = None;
+        let mut run: Option<([u8; 16], u64)> = None;
+        let ends = |run: Option<([u8; 16], u64)>, want: Option<&(Id, u64)>| {
+            run.is_none_or(|(at, n)| want.is_some_and(|(w, c)| w.0 == at && *c == n))
+        };
         for b in batches {
-            let Ok(pid) = id_col(b, columns::PROFILE_ID) else {
-                return false;
+            let b = b?;
+            let Some(pid) = id_col(&b, columns::PROFILE_ID)
+                .ok()
+                .and_then(fathom_block::id_values)
+            else {
+                return Ok(false);
             };
-            for i in 0..pid.len() {
-                let id = pid.value(i);
+            for id in pid {
                 match &mut run {
-                    Some((at, n)) if *at == id => *n += 1,
+                    Some((at, n)) if at == id => *n += 1,
                     _ => {
-                        if let Some((at, n)) = run.replace((id, 1))
-                            && want
-                                .next()
-                                .is_none_or(|(w, c)| w.0.as_slice() != at || *c != n)
+                        if let Some(done) = run.replace((*id, 1))
+                            && !ends(Some(done), want.next())
                         {
-                            return false;
+                            return Ok(false);
                         }
                     }
                 }
             }
         }
-        if let Some((at, n)) = run
-            && want
-                .next()
-                .is_none_or(|(w, c)| w.0.as_slice() != at || *c != n)
-        {
-            return false;
+        if run.is_some() && !ends(run, want.next()) {
+            return Ok(false);
         }
-        want.next().is_none()
+        Ok(want.next().is_none())
     }
 }
 
-/// Whether `symbols` holds every stack `batches` name.
-fn stacks_held(batches: &[RecordBatch], symbols: &Symbols) -> bool {
-    batches.iter().all(|b| {
-        let Ok(stacks) = id_col(b, columns::STACK_ID) else {
-            return false;
+/// Whether `symbols` holds every stack the rows `file` selects name
+/// (their stack column read alone).
+fn stacks_held(file: &SampleFile, symbols: &Symbols) -> Result<bool, Error> {
+    for b in file.columns(&[columns::STACK_ID])? {
+        let b = b?;
+        let Some(stacks) = id_col(&b, columns::STACK_ID)
+            .ok()
+            .and_then(fathom_block::id_values)
+        else {
+            return Ok(false);
         };
-        let mut last: Option<&[u8]> = None;
-        (0..stacks.len()).all(|i| {
-            let id = stacks.value(i);
+        let mut last: Option<&[u8; 16]> = None;
+        for id in stacks {
             if last == Some(id) {
-                return true;
+                continue;
             }
             last = Some(id);
-            Id::from_slice(id).is_some_and(|id| symbols.stacks.contains_key(&id))
-        })
-    })
+            if !symbols.stacks.contains_key(&Id(*id)) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
-/// The sample rows of `b`, a source some of whose profiles an earlier
-/// source gave: only the others' rows are read when its profile table's
-/// row counts add up to its rows and the rows read are those profiles'
-/// runs; otherwise every row (the merge drops the duplicates' runs).
-async fn read_new_rows(
-    store: &dyn ObjectStore,
+/// The rows of `file` (of block `b`) to merge, a source some of whose
+/// profiles an earlier source gave: only the others' rows when its
+/// profile table's row counts add up to its rows and the rows selected
+/// are those profiles' runs (their profile column read alone to check);
+/// otherwise every row (the merge drops the duplicates' runs).
+fn new_rows(
+    file: SampleFile,
     b: &BlockMeta,
     new: &NewRows,
     stats: &mut MergeStats,
-) -> Result<Vec<RecordBatch>, Error> {
+) -> Result<SampleFile, Error> {
     if new.counts_match(b.stats.samples) {
-        let batches = fathom_block::read_sample_rows(store, b, &new.ranges).await?;
-        if new.runs_match(&batches) {
-            let read: u64 = batches.iter().map(|x| x.num_rows() as u64).sum();
-            stats.rows_not_read += b.stats.samples.saturating_sub(read);
-            return Ok(batches);
+        let selected = file.clone().select(&new.ranges)?;
+        if new.runs_match(selected.columns(&[columns::PROFILE_ID])?)? {
+            stats.rows_not_read += b.stats.samples.saturating_sub(new.kept_rows());
+            return Ok(selected);
         }
     }
     tracing::debug!(
         block = %b.id,
         "the profile table's row counts do not match the samples; reading every row"
     );
-    Ok(fathom_block::read_samples(store, b).await?)
+    Ok(file)
 }
 
 /// Every source's rows but those of its duplicate profiles, as they come.
-fn without_duplicates(sources: Vec<runs::Source>) -> Result<Vec<RecordBatch>, Error> {
+fn without_duplicates(sources: &[runs::Source]) -> Result<Vec<RecordBatch>, Error> {
     let mut samples = Vec::new();
     for s in sources {
-        for batch in s.batches {
+        for batch in s.file.rows()? {
+            let batch = batch?;
             if s.dup.is_empty() {
                 samples.push(batch);
                 continue;
@@ -796,22 +845,22 @@ impl Compactor {
     }
 
     async fn compact(&self, job: &Job) -> Result<BlockMeta, Error> {
-        let (mut data, merged) = merge(self.store.as_ref(), &job.blocks).await?;
+        let mut m = merge(self.store.as_ref(), &job.blocks).await?;
         if let Some(sym) = self.symbolizer.get()
             && let Ok(tenant) = fathom_model::TenantId::new(&job.tenant)
         {
-            sym.symbolize(&tenant, Arc::make_mut(&mut data.symbols))
+            sym.symbolize(&tenant, Arc::make_mut(&mut m.data.symbols))
                 .await;
         }
-        data.source = self.cfg.name.clone();
+        m.data.source = self.cfg.name.clone();
         // One above the job's level: a block that crossed its own window
         // joined a higher level's job, and a top-level source stays top.
-        data.level = job.level + 1;
-        data.rollup_widths_nanos = rollup_widths(&self.cfg.windows, job.level);
-        let (mut meta, files) =
-            tokio::task::spawn_blocking(move || fathom_block::encode_block(&data))
-                .await
-                .map_err(|e| Error::Task(e.to_string()))??;
+        m.data.level = job.level + 1;
+        m.data.rollup_widths_nanos = rollup_widths(&self.cfg.windows, job.level);
+        let merged = m.stats;
+        let (mut meta, files) = tokio::task::spawn_blocking(move || m.encode())
+            .await
+            .map_err(|e| Error::Task(e.to_string()))??;
         meta.id = derived_id(&job.blocks);
         fathom_block::write_block(self.store.as_ref(), &meta, files).await?;
         self.index
@@ -1752,12 +1801,13 @@ mod tests {
             block(&store, &[(2, T0 + 2, 21), (3, T0 + 3, 31), (4, T0 + 4, 41)]).await,
             block(&store, &[(1, T0 + 1, 12), (4, T0 + 4, 42), (5, T0 + 5, 52)]).await,
         ];
-        let (data, stats) = merge(&store, &metas).await.unwrap();
-        assert_eq!(stats.duplicates, 4);
+        let merged = merge(&store, &metas).await.unwrap();
+        assert_eq!(merged.stats.duplicates, 4);
         // The second and third sources' duplicates' rows are not read.
-        assert_eq!(stats.rows_not_read, 4);
-        assert!(fathom_block::samples_sorted(&data.samples));
-        let mut got = merged_values(&data);
+        assert_eq!(merged.stats.rows_not_read, 4);
+        let rows: Vec<RecordBatch> = merged.samples().unwrap().map(Result::unwrap).collect();
+        assert!(fathom_block::samples_sorted(&rows));
+        let mut got = merged_values(&merged);
         got.sort();
         let want: Vec<(Id, i64)> = [(1, 10), (2, 20), (3, 30), (4, 41), (5, 52)]
             .into_iter()
@@ -1767,9 +1817,10 @@ mod tests {
     }
 
     /// Every sample row of `data` as (profile, value), in its order.
-    fn merged_values(data: &BlockData) -> Vec<(Id, i64)> {
+    fn merged_values(merged: &Merged) -> Vec<(Id, i64)> {
         let mut got = Vec::new();
-        for b in &data.samples {
+        for b in merged.samples().unwrap() {
+            let b = &b.unwrap();
             let pid = id_col(b, columns::PROFILE_ID).unwrap();
             let v = b
                 .column_by_name(columns::VALUE)
@@ -1800,9 +1851,9 @@ mod tests {
             .await
             .unwrap();
         drop_symbols(&store, &copy).await;
-        let (data, stats) = merge(&store, &[first, copy]).await.unwrap();
+        let merged = merge(&store, &[first, copy]).await.unwrap();
         assert_eq!(
-            stats,
+            merged.stats,
             MergeStats {
                 duplicates: 2,
                 rows_not_read: 2,
@@ -1813,8 +1864,8 @@ mod tests {
             .iter()
             .map(|&(p, _, v)| (Id::from_u128(p), v))
             .collect();
-        assert_eq!(merged_values(&data), want);
-        assert_eq!(data.symbols.functions.len(), 2);
+        assert_eq!(merged_values(&merged), want);
+        assert_eq!(merged.data.symbols.functions.len(), 2);
     }
 
     /// Deletes a block's symbol files (so that reading them fails).
@@ -1842,9 +1893,9 @@ mod tests {
         let first = block_named(&store, &[(1, T0 + 1, 10), (2, T0 + 2, 20)], name, |_| {}).await;
         let second = block_named(&store, &[(2, T0 + 2, 21), (3, T0 + 3, 30)], name, |_| {}).await;
         drop_symbols(&store, &second).await;
-        let (data, stats) = merge(&store, &[first, second]).await.unwrap();
+        let merged = merge(&store, &[first, second]).await.unwrap();
         assert_eq!(
-            stats,
+            merged.stats,
             MergeStats {
                 duplicates: 1,
                 rows_not_read: 1,
@@ -1855,9 +1906,9 @@ mod tests {
             .into_iter()
             .map(|(p, v)| (Id::from_u128(p), v))
             .collect();
-        assert_eq!(merged_values(&data), want);
-        assert_eq!(data.symbols.functions.len(), 2);
-        assert_eq!(data.symbols.stacks.len(), 2);
+        assert_eq!(merged_values(&merged), want);
+        assert_eq!(merged.data.symbols.functions.len(), 2);
+        assert_eq!(merged.data.symbols.stacks.len(), 2);
     }
 
     /// A partly duplicated source of several pages: only its new
@@ -1875,10 +1926,10 @@ mod tests {
             .map(|&(p, t, _)| (p, t, 1))
             .collect();
         let metas = vec![block(&store, &first).await, block(&store, &all).await];
-        let (data, stats) = merge(&store, &metas).await.unwrap();
+        let merged = merge(&store, &metas).await.unwrap();
         let dups = (n - (hi - lo)) as u64;
         assert_eq!(
-            stats,
+            merged.stats,
             MergeStats {
                 duplicates: dups,
                 rows_not_read: dups,
@@ -1886,8 +1937,8 @@ mod tests {
             }
         );
         // The new profiles' functions came from the second table.
-        assert_eq!(data.symbols.functions.len(), n as usize);
-        let got = merged_values(&data);
+        assert_eq!(merged.data.symbols.functions.len(), n as usize);
+        let got = merged_values(&merged);
         let want: Vec<(Id, i64)> = (0..n)
             .map(|p| (Id::from_u128(p), if (lo..hi).contains(&p) { 2 } else { 1 }))
             .collect();
@@ -1910,9 +1961,9 @@ mod tests {
                 }
             })
             .await;
-            let (data, stats) = merge(&store, &[first, lying]).await.unwrap();
+            let merged = merge(&store, &[first, lying]).await.unwrap();
             assert_eq!(
-                stats,
+                merged.stats,
                 MergeStats {
                     duplicates: 1,
                     rows_not_read: 0,
@@ -1924,41 +1975,55 @@ mod tests {
                 .into_iter()
                 .map(|(p, v)| (Id::from_u128(p), v))
                 .collect();
-            let mut got = merged_values(&data);
+            let mut got = merged_values(&merged);
             got.sort();
             assert_eq!(got, want, "counts {counts:?}");
         }
     }
 
-    /// The fallback for sources out of the block's order: a source's
-    /// duplicate profiles' rows are filtered out, the rest kept as they
-    /// come (the encoder sorts them).
-    #[test]
-    fn sources_out_of_order_lose_their_duplicates_rows() {
-        use fathom_model::Sample;
-        let (p1, p2, s) = (Id::from_u128(1), Id::from_u128(2), Id::from_u128(9));
-        let sample = |value| vec![Sample { stack: s, value }];
-        let (a, b) = (sample(10), sample(20));
-        // Profile 2 before profile 1: out of order.
-        let batch =
-            fathom_block::samples_batch(2, [(&s, T0 + 2, &p2, &b[..]), (&s, T0 + 1, &p1, &a[..])]);
-        assert!(!fathom_block::samples_sorted(std::slice::from_ref(&batch)));
-        let source = |dup: &[Id]| runs::Source {
-            batches: vec![batch.clone()],
-            dup: dup.iter().copied().collect(),
-        };
-        let kept = without_duplicates(vec![source(&[]), source(&[p2])]).unwrap();
-        let profiles: Vec<Id> = kept
-            .iter()
-            .flat_map(|b| {
-                let pid = id_col(b, columns::PROFILE_ID).unwrap();
-                (0..b.num_rows())
-                    .map(|i| Id::from_slice(pid.value(i)).unwrap())
-                    .collect::<Vec<_>>()
-            })
+    /// Rewrites a block's samples file with its rows in reverse order
+    /// (out of the block's order), as no writer of this project does.
+    async fn reverse_samples(store: &dyn ObjectStore, b: &BlockMeta) {
+        let rows = fathom_block::read_samples(store, b).await.unwrap();
+        let all = arrow::compute::concat_batches(&fathom_block::samples_schema(), &rows).unwrap();
+        let n = all.num_rows() as u32;
+        let idx = arrow::array::UInt32Array::from_iter_values((0..n).rev());
+        let reversed = arrow::compute::take_record_batch(&all, &idx).unwrap();
+        let mut out = Vec::new();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(&mut out, reversed.schema(), None).unwrap();
+        w.write(&reversed).unwrap();
+        w.close().unwrap();
+        let path = fathom_block::block_file(&b.tenant, &b.id, fathom_block::files::SAMPLES);
+        store.put(&path, out.into()).await.unwrap();
+    }
+
+    /// The fallback for sources out of the block's order: the merged
+    /// rows come out of order, the encoder refuses them, and the rows
+    /// are then filtered of a source's duplicate profiles and sorted:
+    /// the block is each profile once, in order.
+    #[tokio::test]
+    async fn sources_out_of_order_are_sorted_without_their_duplicates() {
+        let store = object_store::memory::InMemory::new();
+        let first = block(&store, &[(1, T0 + 1, 10), (2, T0 + 2, 20)]).await;
+        let second = block(&store, &[(2, T0 + 2, 21), (3, T0 + 3, 31)]).await;
+        for b in [&first, &second] {
+            reverse_samples(&store, b).await;
+        }
+        let merged = merge(&store, &[first, second]).await.unwrap();
+        let rows: Vec<RecordBatch> = merged.samples().unwrap().map(Result::unwrap).collect();
+        assert!(!fathom_block::samples_sorted(&rows));
+        let (meta, files) = merged.encode().unwrap();
+        fathom_block::write_block(&store, &meta, files)
+            .await
+            .unwrap();
+        let stored = fathom_block::read_samples(&store, &meta).await.unwrap();
+        assert!(fathom_block::samples_sorted(&stored));
+        let want: BTreeMap<Id, i64> = [(1, 10), (2, 20), (3, 31)]
+            .into_iter()
+            .map(|(p, v)| (Id::from_u128(p), v))
             .collect();
-        assert_eq!(profiles, vec![p2, p1, p1]);
-        assert!(runs::merge_sorted(&[source(&[])]).unwrap().is_none());
+        assert_eq!(totals(&store, &meta).await, want);
     }
 
     #[tokio::test]
@@ -1971,8 +2036,8 @@ mod tests {
         let job = plan_at(&[a.clone(), b.clone()], T0, Duration::ZERO).remove(0);
         // A compactor that died after writing, before the index swap: its
         // block is written but not registered.
-        let (data, _) = merge(store.as_ref(), &job.blocks).await.unwrap();
-        let (mut meta, files) = fathom_block::encode_block(&data).unwrap();
+        let merged = merge(store.as_ref(), &job.blocks).await.unwrap();
+        let (mut meta, files) = merged.encode().unwrap();
         meta.id = derived_id(&job.blocks);
         fathom_block::write_block(store.as_ref(), &meta, files)
             .await

@@ -1,4 +1,5 @@
-//! The sample rows of a compaction's sources merged in the block's order.
+//! The sample rows of a compaction's sources merged in the block's order,
+//! as they are read.
 //!
 //! Every block keeps its samples sorted by series, time, profile and
 //! stack, so a profile's rows are one run in each source that holds it.
@@ -8,184 +9,270 @@
 //! the encoder does not sort them again. A run's profile is looked up
 //! once, not each of its rows' ids, and rows are copied only once, into
 //! the output.
+//!
+//! Each source is decoded a batch at a time as the merge reaches it, and
+//! the merged rows leave a batch at a time: a compaction holds its
+//! sources' files (compressed) and a batch or two of each, not its
+//! window's rows decoded (10 GB for 90 s of ingest at 150 MB/s before,
+//! docs/benchmarks.md, "Issue 13, forty-seventh session").
 
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
+use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::Int64Type;
-use arrow::error::ArrowError;
+use fathom_block::{Error, SampleFile};
 use fathom_model::{Id, IdSet};
 
 /// Rows of an output batch, at least (a batch ends with a run).
 const OUT_ROWS: usize = 1 << 16;
 
-/// One source block's sample rows, and the profiles in it that an
+/// One source block's samples file, and the profiles in it that an
 /// earlier source holds (left out).
 pub(crate) struct Source {
-    pub(crate) batches: Vec<RecordBatch>,
+    pub(crate) file: SampleFile,
     pub(crate) dup: IdSet,
-}
-
-/// The key columns of one batch: 16-byte ids as their bytes.
-struct Keys<'a> {
-    series: &'a [u8],
-    time: &'a [i64],
-    profile: &'a [u8],
-    rows: usize,
 }
 
 /// A profile's place in the order: series, time, profile (ids as their
 /// bytes, the order the block's sort declares).
-type RunKey<'a> = (&'a [u8], i64, &'a [u8]);
+type RunKey = ([u8; 16], i64, [u8; 16]);
 
-fn id_bytes(a: &FixedSizeBinaryArray, rows: usize) -> Option<&[u8]> {
-    let ids = fathom_block::id_values(a).filter(|ids| ids.len() == rows)?;
-    Some(ids.as_flattened())
+/// The batch a source's merge is in: its key columns and the next row.
+struct Current {
+    batch: RecordBatch,
+    /// Which of its source's batches it is.
+    seq: u64,
+    series: FixedSizeBinaryArray,
+    time: ScalarBuffer<i64>,
+    profile: FixedSizeBinaryArray,
+    row: usize,
 }
 
-/// The bytes of the id at `row`.
-fn id_at(ids: &[u8], row: usize) -> &[u8] {
-    &ids[row * 16..row * 16 + 16]
-}
-
-impl<'a> Keys<'a> {
-    /// `None` unless `b` has the samples schema's key columns.
-    fn of(b: &'a RecordBatch) -> Option<Self> {
-        let rows = b.num_rows();
-        let series = id_bytes(b.column(0).as_fixed_size_binary_opt()?, rows)?;
-        let time = b.column(1).as_primitive_opt::<Int64Type>()?;
-        let profile = id_bytes(b.column(2).as_fixed_size_binary_opt()?, rows)?;
+impl Current {
+    /// `None` unless `batch` has the samples schema's key columns.
+    fn of(batch: RecordBatch, seq: u64) -> Option<Self> {
+        let rows = batch.num_rows();
+        let ids = |i: usize| {
+            let a = batch.column(i).as_fixed_size_binary_opt()?;
+            fathom_block::id_values(a)
+                .is_some_and(|v| v.len() == rows)
+                .then(|| a.clone())
+        };
+        let (series, profile) = (ids(0)?, ids(2)?);
+        let time = batch.column(1).as_primitive_opt::<Int64Type>()?;
         if time.null_count() != 0 || time.len() != rows {
             return None;
         }
-        Some(Keys {
+        let time = time.values().clone();
+        Some(Current {
+            batch,
+            seq,
             series,
-            time: time.values(),
+            time,
             profile,
-            rows,
+            row: 0,
         })
     }
 
-    fn key(&self, row: usize) -> RunKey<'a> {
+    /// The key columns, one entry a row (checked when it was made).
+    fn keys(&self) -> (&[[u8; 16]], &[i64], &[[u8; 16]]) {
         (
-            id_at(self.series, row),
-            self.time[row],
-            id_at(self.profile, row),
+            fathom_block::id_values(&self.series).unwrap_or_default(),
+            &self.time,
+            fathom_block::id_values(&self.profile).unwrap_or_default(),
         )
     }
 
-    /// The end of the run that starts at `row`.
-    fn run_end(&self, row: usize) -> usize {
-        let key = self.key(row);
-        let mut end = row + 1;
-        while end < self.rows && self.key(end) == key {
+    fn key(&self, row: usize) -> Option<RunKey> {
+        let (series, time, profile) = self.keys();
+        Some((*series.get(row)?, *time.get(row)?, *profile.get(row)?))
+    }
+
+    /// The end of the run that starts at the next row.
+    fn run_end(&self) -> usize {
+        let (series, time, profile) = self.keys();
+        let r = self.row;
+        let mut end = r + 1;
+        while end < self.time.len()
+            && profile[end] == profile[r]
+            && time[end] == time[r]
+            && series[end] == series[r]
+        {
             end += 1;
         }
         end
     }
 }
 
-/// The rows of `sources` in the block's order, each profile once (the
-/// first source that holds it wins), or `None` when a source's rows are
-/// not in that order or not in the samples schema (the caller then
-/// filters and sorts them as a whole).
-pub(crate) fn merge_sorted(sources: &[Source]) -> Result<Option<Vec<RecordBatch>>, ArrowError> {
-    if !sources
-        .iter()
-        .all(|s| fathom_block::samples_sorted(&s.batches))
-    {
-        return Ok(None);
-    }
-    let mut keys: Vec<Vec<Keys<'_>>> = Vec::with_capacity(sources.len());
-    for s in sources {
-        let Some(k) = s.batches.iter().map(Keys::of).collect::<Option<Vec<_>>>() else {
-            return Ok(None);
-        };
-        keys.push(k);
-    }
-    // Each source's next row: (batch, row), past its empty batches.
-    let mut at: Vec<(usize, usize)> = vec![(0, 0); sources.len()];
-    let settle = |keys: &[Keys<'_>], (mut b, mut r): (usize, usize)| {
-        while b < keys.len() && r >= keys[b].rows {
-            (b, r) = (b + 1, 0);
-        }
-        (b, r)
-    };
-    for (s, k) in keys.iter().enumerate() {
-        at[s] = settle(k, at[s]);
-    }
-    let mut out = Output::default();
-    let mut last: Option<(RunKey<'_>, usize)> = None;
-    loop {
-        let mut next: Option<(usize, RunKey<'_>)> = None;
-        for (s, &(b, r)) in at.iter().enumerate() {
-            if let Some(k) = keys[s].get(b).map(|k| k.key(r))
-                && next.is_none_or(|(_, best)| k < best)
-            {
-                next = Some((s, k));
-            }
-        }
-        let Some((s, key)) = next else { break };
-        let (b, r) = at[s];
-        let end = keys[s][b].run_end(r);
-        // A profile an earlier source holds; or, in a source that does
-        // not list it, a run of a profile another source gave already.
-        let dup = (!sources[s].dup.is_empty()
-            && Id::from_slice(key.2).is_some_and(|id| sources[s].dup.contains(&id)))
-            || last.is_some_and(|(k, from)| k == key && from != s);
-        if !dup {
-            out.take(sources, s, b, r, end)?;
-            last = Some((key, s));
-        }
-        at[s] = settle(&keys[s], (b, end));
-    }
-    out.flush(sources)?;
-    Ok(Some(out.batches))
+/// Batches of a source's rows.
+type Batches<'a> = Box<dyn Iterator<Item = Result<RecordBatch, Error>> + Send + 'a>;
+
+/// A source's rows as the merge reads them.
+struct Cursor<'a> {
+    rows: Batches<'a>,
+    block: String,
+    /// The batch with the source's next row; `None` once it has none.
+    at: Option<Current>,
+    read: u64,
 }
 
-/// The merged rows: finished batches, and the slices of source batches
-/// (source, batch, start, rows) that make the next one.
+impl<'a> Cursor<'a> {
+    fn new(rows: Batches<'a>, block: &str) -> Result<Self, Error> {
+        let mut c = Cursor {
+            rows,
+            block: block.to_owned(),
+            at: None,
+            read: 0,
+        };
+        c.settle()?;
+        Ok(c)
+    }
+
+    /// Moves past the end of the current batch, and past empty ones.
+    fn settle(&mut self) -> Result<(), Error> {
+        while self.at.as_ref().is_none_or(|c| c.row >= c.time.len()) {
+            let Some(batch) = self.rows.next().transpose()? else {
+                self.at = None;
+                return Ok(());
+            };
+            self.read += 1;
+            self.at = Some(Current::of(batch, self.read).ok_or_else(|| Error::Corrupt {
+                block: self.block.clone(),
+                file: fathom_block::files::SAMPLES,
+                what: "sample rows not in the samples schema".into(),
+            })?);
+        }
+        Ok(())
+    }
+
+    fn key(&self) -> Option<RunKey> {
+        self.at.as_ref().and_then(|c| c.key(c.row))
+    }
+}
+
+/// The rows of `sources` in the block's order, each profile once (the
+/// first source that holds it wins), in batches of about [`OUT_ROWS`].
+/// Sources whose rows are not in that order give rows out of order (each
+/// source's rows keep their order), which the encoder refuses
+/// ([`Error::Unsorted`]); the caller then filters and sorts them whole.
+pub(crate) struct Merge<'a> {
+    /// Each source's profiles that an earlier source holds.
+    dups: Vec<&'a IdSet>,
+    cursors: Vec<Cursor<'a>>,
+    /// The last run taken, and its source.
+    last: Option<(RunKey, usize)>,
+    out: Output,
+    done: bool,
+}
+
+impl<'a> Merge<'a> {
+    pub(crate) fn new(sources: &'a [Source]) -> Result<Self, Error> {
+        let mut inputs = Vec::with_capacity(sources.len());
+        for s in sources {
+            let rows: Batches<'a> = Box::new(s.file.rows()?);
+            inputs.push((rows, s.file.block(), &s.dup));
+        }
+        Self::over(inputs)
+    }
+
+    /// The merge of sources given as their batches, block names and
+    /// duplicate profiles.
+    fn over(inputs: Vec<(Batches<'a>, &str, &'a IdSet)>) -> Result<Self, Error> {
+        let mut cursors = Vec::with_capacity(inputs.len());
+        let mut dups = Vec::with_capacity(inputs.len());
+        for (rows, block, dup) in inputs {
+            cursors.push(Cursor::new(rows, block)?);
+            dups.push(dup);
+        }
+        Ok(Merge {
+            dups,
+            cursors,
+            last: None,
+            out: Output::default(),
+            done: false,
+        })
+    }
+
+    /// The next batch of merged rows; `None` after the last.
+    fn step(&mut self) -> Result<Option<RecordBatch>, Error> {
+        loop {
+            let mut next: Option<(usize, RunKey)> = None;
+            for (s, c) in self.cursors.iter().enumerate() {
+                if let Some(k) = c.key()
+                    && next.is_none_or(|(_, best)| k < best)
+                {
+                    next = Some((s, k));
+                }
+            }
+            let Some((s, key)) = next else {
+                return self.out.flush();
+            };
+            let cursor = &mut self.cursors[s];
+            let Some(at) = cursor.at.as_mut() else {
+                return self.out.flush();
+            };
+            let end = at.run_end();
+            // A profile an earlier source holds; or, in a source that
+            // does not list it, a run of a profile another source gave
+            // already.
+            let dup = (!self.dups[s].is_empty() && self.dups[s].contains(&Id(key.2)))
+                || self.last.is_some_and(|(k, from)| k == key && from != s);
+            if !dup {
+                self.out.take(s, at, end);
+                self.last = Some((key, s));
+            }
+            at.row = end;
+            cursor.settle()?;
+            if self.out.rows >= OUT_ROWS {
+                return self.out.flush();
+            }
+        }
+    }
+}
+
+impl Iterator for Merge<'_> {
+    type Item = Result<RecordBatch, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let r = self.step().transpose();
+        self.done = !matches!(r, Some(Ok(_)));
+        r
+    }
+}
+
+/// The slices of source batches that make the next output batch:
+/// (source, which batch, the batch, start, rows).
 #[derive(Default)]
 struct Output {
-    batches: Vec<RecordBatch>,
-    pending: Vec<(usize, usize, usize, usize)>,
+    pending: Vec<(usize, u64, RecordBatch, usize, usize)>,
     rows: usize,
 }
 
 impl Output {
-    fn take(
-        &mut self,
-        sources: &[Source],
-        s: usize,
-        b: usize,
-        start: usize,
-        end: usize,
-    ) -> Result<(), ArrowError> {
-        let len = end - start;
+    /// Rows `at.row..end` of `at`'s batch, of source `s`.
+    fn take(&mut self, s: usize, at: &Current, end: usize) {
+        let (start, len) = (at.row, end - at.row);
         match self.pending.last_mut() {
-            Some(p) if p.0 == s && p.1 == b && p.2 + p.3 == start => p.3 += len,
-            _ => self.pending.push((s, b, start, len)),
+            Some(p) if p.0 == s && p.1 == at.seq && p.3 + p.4 == start => p.4 += len,
+            _ => self.pending.push((s, at.seq, at.batch.clone(), start, len)),
         }
         self.rows += len;
-        if self.rows >= OUT_ROWS {
-            self.flush(sources)?;
-        }
-        Ok(())
     }
 
-    fn flush(&mut self, sources: &[Source]) -> Result<(), ArrowError> {
+    fn flush(&mut self) -> Result<Option<RecordBatch>, Error> {
         let slices: Vec<RecordBatch> = self
             .pending
             .drain(..)
-            .map(|(s, b, start, len)| sources[s].batches[b].slice(start, len))
+            .map(|(_, _, b, start, len)| b.slice(start, len))
             .collect();
         self.rows = 0;
-        match slices.as_slice() {
-            [] => {}
-            [one] => self.batches.push(one.clone()),
-            [first, ..] => self
-                .batches
-                .push(arrow::compute::concat_batches(&first.schema(), &slices)?),
-        }
-        Ok(())
+        Ok(match slices.as_slice() {
+            [] => None,
+            [one] => Some(one.clone()),
+            [first, ..] => Some(arrow::compute::concat_batches(&first.schema(), &slices)?),
+        })
     }
 }
 
@@ -222,32 +309,49 @@ mod tests {
 
     /// (series, time, profile, stack, value) of every row.
     fn rows(batches: &[RecordBatch]) -> Vec<(Id, i64, Id, Id, i64)> {
-        let of = |bytes: &[u8]| Id::from_slice(bytes).unwrap();
         let mut out = Vec::new();
         for b in batches {
-            let k = Keys::of(b).unwrap();
-            let stack = id_bytes(b.column(3).as_fixed_size_binary(), b.num_rows()).unwrap();
+            let c = Current::of(b.clone(), 0).unwrap();
+            let stack = fathom_block::id_values(b.column(3).as_fixed_size_binary()).unwrap();
             let value = b.column(4).as_primitive::<Int64Type>();
-            for r in 0..b.num_rows() {
-                let (se, t, p) = k.key(r);
-                out.push((of(se), t, of(p), of(id_at(stack, r)), value.value(r)));
+            for (r, st) in stack.iter().enumerate() {
+                let (se, t, p) = c.key(r).unwrap();
+                out.push((Id(se), t, Id(p), Id(*st), value.value(r)));
             }
         }
         out
+    }
+
+    /// A source of these batches, and the profiles it leaves out.
+    struct Given {
+        batches: Vec<RecordBatch>,
+        dup: IdSet,
+    }
+
+    /// Every batch the merge of `sources` gives.
+    fn merge_sorted(sources: &[Given]) -> Result<Vec<RecordBatch>, Error> {
+        let inputs = sources
+            .iter()
+            .map(|s| {
+                let rows: Batches<'_> = Box::new(s.batches.iter().cloned().map(Ok));
+                (rows, "test", &s.dup)
+            })
+            .collect();
+        Merge::over(inputs)?.collect()
     }
 
     #[test]
     fn runs_merge_in_order_each_profile_once() {
         // Profile 3 is in both sources (the second's copy is a
         // duplicate), and its run in the first crosses a batch boundary.
-        let a = Source {
+        let a = Given {
             batches: vec![
                 batch(&[(1, 10, 1, &[1, 2]), (1, 30, 3, &[1])]),
                 batch(&[(1, 30, 3, &[5, 9]), (2, 5, 7, &[2])]),
             ],
             dup: IdSet::default(),
         };
-        let b = Source {
+        let b = Given {
             batches: vec![batch(&[
                 (1, 20, 2, &[4]),
                 (1, 30, 3, &[2, 5]),
@@ -255,7 +359,7 @@ mod tests {
             ])],
             dup: [id(3)].into_iter().collect(),
         };
-        let merged = merge_sorted(&[a, b]).unwrap().unwrap();
+        let merged = merge_sorted(&[a, b]).unwrap();
         assert!(fathom_block::samples_sorted(&merged));
         let got = rows(&merged);
         let profiles: Vec<(Id, usize)> = [1u8, 2, 3, 6, 7]
@@ -275,15 +379,15 @@ mod tests {
     fn a_profile_no_source_lists_twice_is_taken_once() {
         // Neither source's profiles name profile 4 as a duplicate: the
         // first source's run is kept, the second's left out.
-        let a = Source {
+        let a = Given {
             batches: vec![batch(&[(1, 1, 4, &[1, 3])])],
             dup: IdSet::default(),
         };
-        let b = Source {
+        let b = Given {
             batches: vec![batch(&[(1, 1, 4, &[2])])],
             dup: IdSet::default(),
         };
-        let got = rows(&merge_sorted(&[a, b]).unwrap().unwrap());
+        let got = rows(&merge_sorted(&[a, b]).unwrap());
         assert_eq!(
             got.iter().map(|r| r.3).collect::<Vec<_>>(),
             vec![id(1), id(3)]
@@ -291,12 +395,38 @@ mod tests {
     }
 
     #[test]
-    fn unsorted_sources_are_left_to_the_caller() {
-        let a = Source {
+    fn unsorted_sources_give_unsorted_rows() {
+        // Each source's rows keep their order: the encoder refuses them,
+        // and the caller falls back to a sort.
+        let a = Given {
             batches: vec![batch(&[(2, 1, 1, &[1])]), batch(&[(1, 1, 2, &[1])])],
             dup: IdSet::default(),
         };
-        assert!(merge_sorted(&[a]).unwrap().is_none());
+        let b = Given {
+            batches: vec![batch(&[(1, 5, 3, &[1])])],
+            dup: IdSet::default(),
+        };
+        let merged = merge_sorted(&[a, b]).unwrap();
+        assert!(!fathom_block::samples_sorted(&merged));
+        assert_eq!(rows(&merged).len(), 3);
+    }
+
+    #[test]
+    fn rows_of_another_schema_are_refused() {
+        let other = RecordBatch::try_from_iter([(
+            "x",
+            std::sync::Arc::new(arrow::array::Int64Array::from(vec![1])) as arrow::array::ArrayRef,
+        )])
+        .unwrap();
+        let a = Given {
+            batches: vec![other],
+            dup: IdSet::default(),
+        };
+        let err = merge_sorted(&[a]).unwrap_err();
+        assert!(
+            err.to_string().contains("not in the samples schema"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -305,7 +435,7 @@ mod tests {
             .map(|p| (1, i64::from(p), p, &[1u8, 2, 3][..]))
             .collect();
         // Two sources of alternate profiles, in batches of 7 profiles.
-        let source = |parity: u8| Source {
+        let source = |parity: u8| Given {
             batches: profiles
                 .iter()
                 .filter(|p| p.2 % 2 == parity)
@@ -316,7 +446,7 @@ mod tests {
                 .collect(),
             dup: IdSet::default(),
         };
-        let merged = merge_sorted(&[source(0), source(1)]).unwrap().unwrap();
+        let merged = merge_sorted(&[source(0), source(1)]).unwrap();
         assert!(fathom_block::samples_sorted(&merged));
         assert_eq!(rows(&merged).len(), 600);
         assert_eq!(merged.len(), 1, "600 rows fit in one output batch");
