@@ -1143,9 +1143,14 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     rt.block_on(warm_up(&single_urls, "the single process"));
     let cpu0 = cpu_seconds(&single_pid);
     let cuts0 = rt.block_on(head_cuts(&single_urls));
+    let jobs0 = rt.block_on(counter(&single_urls[0], COMPACTIONS));
     let (one, reqs1, el1) = rt.block_on(push_for(single_urls.clone(), secs));
     let one_cpu = cpu_seconds(&single_pid) - cpu0;
     let one_cuts = rt.block_on(head_cuts(&single_urls)).since(cuts0);
+    let one_jobs = rt.block_on(counter(&single_urls[0], COMPACTIONS)) - jobs0;
+    let (one_peak, one_rss) = single_pid
+        .first()
+        .map_or((f64::NAN, f64::NAN), |p| rss_mib_of(&p.to_string()));
     single.stop().unwrap();
     drop(single);
 
@@ -1183,9 +1188,21 @@ fn cluster_bench(rt: &tokio::runtime::Runtime, ingest_only: bool) {
     let cpu0 = cpu_seconds(&pids);
     let ingester_urls: Vec<String> = c.ingesters.iter().map(|p| p.url("")).collect();
     let cuts0 = rt.block_on(head_cuts(&ingester_urls));
+    let compactor_url = c.compactor.url("");
+    let jobs0 = rt.block_on(counter(&compactor_url, COMPACTIONS));
     let (rf3, reqs3, el3) = rt.block_on(push_for(urls.clone(), secs));
     let rf3_cpu = cpu_seconds(&pids) - cpu0;
     let rf3_cuts = rt.block_on(head_cuts(&ingester_urls)).since(cuts0);
+    let rf3_jobs = rt.block_on(counter(&compactor_url, COMPACTIONS)) - jobs0;
+    let (compactor_peak, _) = c
+        .compactor
+        .pid()
+        .map_or((f64::NAN, f64::NAN), |p| rss_mib_of(&p.to_string()));
+    // A compaction's memory grows with what it merges, unless it streams
+    // its sources' rows (docs/benchmarks.md, forty-seventh session).
+    println!(
+        "info: compactions finished during the runs: the single process {one_jobs}, the cluster's compactor {rf3_jobs}; peak RSS: the single process {one_peak:.0} MiB ({one_rss:.0} MiB at the end), the cluster's compactor {compactor_peak:.0} MiB"
+    );
     let by_role: Vec<String> = roles
         .iter()
         .zip(&role_cpu0)
@@ -1465,6 +1482,9 @@ impl std::fmt::Display for HeadCuts {
 /// [`HeadCuts`] over the ingesters (or single processes) at `urls`: a head
 /// is being cut while the heads' memory (those being stored included)
 /// exceeds the live heads'.
+/// The compactions a process finished (its compactor's counter).
+const COMPACTIONS: &str = "fathom_compactor_jobs_total";
+
 async fn head_cuts(urls: &[String]) -> HeadCuts {
     let mut out = HeadCuts::default();
     for u in urls {
@@ -1552,7 +1572,13 @@ fn process_cpu_secs() -> f64 {
 /// Peak and current resident set of this process, in MiB (`VmHWM`,
 /// `VmRSS`).
 fn rss_mib() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    rss_mib_of("self")
+}
+
+/// [`rss_mib`] of process `pid` (a number, or `self`); NaN when it is
+/// gone.
+fn rss_mib_of(pid: &str) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         status
             .lines()

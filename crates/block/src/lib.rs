@@ -38,8 +38,8 @@ mod write;
 pub use index::{BlockIndex, IndexError, MemoryIndex};
 pub use meta::{BlockMeta, BlockStats, FORMAT_VERSION};
 pub use read::{
-    SampleFile, SampleRows, list_blocks, read_meta, read_profiles, read_sample_rows, read_samples,
-    read_series, read_symbols,
+    SampleFile, SampleRows, list_blocks, read_meta, read_profiles, read_samples, read_series,
+    read_symbols,
 };
 pub use rollup::{Cover, DAY_NANOS, HOUR_NANOS, bucket_start, full_buckets};
 pub use schema::{

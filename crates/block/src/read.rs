@@ -101,24 +101,6 @@ pub async fn read_samples(store: &dyn ObjectStore, meta: &BlockMeta) -> Result<V
     SampleFile::fetch(store, meta).await?.rows()?.collect()
 }
 
-/// The sample rows of a block at `ranges` (row numbers, ascending, not
-/// overlapping), in [`crate::samples_schema`]; see [`SampleFile::select`].
-/// An empty `ranges` fetches nothing.
-pub async fn read_sample_rows(
-    store: &dyn ObjectStore,
-    meta: &BlockMeta,
-    ranges: &[std::ops::Range<usize>],
-) -> Result<Vec<RecordBatch>> {
-    if ranges.is_empty() {
-        return Ok(Vec::new());
-    }
-    SampleFile::fetch(store, meta)
-        .await?
-        .select(ranges)?
-        .rows()?
-        .collect()
-}
-
 /// A block's samples file, fetched whole (compressed: a few bytes a
 /// row) and decoded a batch at a time as it is read, so that a
 /// compaction merges its sources' rows without holding any source

@@ -134,6 +134,82 @@ async fn block_round_trip() {
 }
 
 /// (column, encodings) of every 16-byte id column chunk of a Parquet file.
+/// A samples file read a batch at a time: every row, a selection of
+/// rows, one column alone; a selection beyond the file and a column it
+/// lacks are refused, naming the problem.
+#[tokio::test]
+async fn sample_file_reads_selections_and_columns() {
+    use arrow::array::{Array, AsArray};
+    let store = InMemory::new();
+    let (data, _, stacks) = test_block();
+    let (meta, files) = encode_block(&data).unwrap();
+    write_block(&store, &meta, files).await.unwrap();
+    let file = SampleFile::fetch(&store, &meta).await.unwrap();
+    assert_eq!(file.num_rows(), 15);
+    assert!(!file.is_selection());
+    let all: Vec<_> = file.rows().unwrap().map(Result::unwrap).collect();
+    assert_eq!(all, read_samples(&store, &meta).await.unwrap());
+
+    // Rows 5..10 are the second profile's (time 1001, each value 2),
+    // asked for in two adjacent ranges.
+    let picked = file.clone().select(&[5..7, 7..10]).unwrap();
+    assert!(picked.is_selection());
+    let rows: Vec<_> = picked.rows().unwrap().map(Result::unwrap).collect();
+    let times: Vec<i64> = rows
+        .iter()
+        .flat_map(|b| {
+            b.column(1)
+                .as_primitive::<arrow::datatypes::Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(times, vec![1001; 5]);
+    let values: Vec<i64> = rows
+        .iter()
+        .flat_map(|b| {
+            b.column(4)
+                .as_primitive::<arrow::datatypes::Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(values, vec![2; 5]);
+    let only: Vec<_> = picked
+        .columns(&[columns::STACK_ID])
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(only.iter().all(|b| b.num_columns() == 1));
+    let mut got: Vec<Id> = only
+        .iter()
+        .flat_map(|b| {
+            let a = b.column(0).as_fixed_size_binary();
+            (0..a.len())
+                .map(|i| Id::from_slice(a.value(i)).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    got.sort();
+    let mut want = stacks.clone();
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(
+        picked
+            .whole()
+            .rows()
+            .unwrap()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>(),
+        all
+    );
+
+    let err = file.clone().select(&[0..1, 10..20]).err().unwrap();
+    assert!(err.to_string().contains("beyond its 15 rows"), "{err}");
+    let err = file.columns(&["nope"]).err().unwrap();
+    assert!(err.to_string().contains("no column nope"), "{err}");
+}
+
 fn id_column_encodings(bytes: &bytes::Bytes) -> Vec<(String, Vec<parquet::basic::Encoding>)> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let r = SerializedFileReader::new(bytes.clone()).unwrap();
