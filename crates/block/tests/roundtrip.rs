@@ -155,26 +155,18 @@ async fn sample_file_reads_selections_and_columns() {
     let picked = file.clone().select(&[5..7, 7..10]).unwrap();
     assert!(picked.is_selection());
     let rows: Vec<_> = picked.rows().unwrap().map(Result::unwrap).collect();
-    let times: Vec<i64> = rows
-        .iter()
-        .flat_map(|b| {
-            b.column(1)
-                .as_primitive::<arrow::datatypes::Int64Type>()
-                .values()
-                .to_vec()
-        })
-        .collect();
-    assert_eq!(times, vec![1001; 5]);
-    let values: Vec<i64> = rows
-        .iter()
-        .flat_map(|b| {
-            b.column(4)
-                .as_primitive::<arrow::datatypes::Int64Type>()
-                .values()
-                .to_vec()
-        })
-        .collect();
-    assert_eq!(values, vec![2; 5]);
+    let ints = |col: usize| -> Vec<i64> {
+        rows.iter()
+            .flat_map(|b| {
+                b.column(col)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
+    };
+    assert_eq!(ints(1), vec![1001; 5], "times");
+    assert_eq!(ints(4), vec![2; 5], "values");
     let only: Vec<_> = picked
         .columns(&[columns::STACK_ID])
         .unwrap()

@@ -441,6 +441,11 @@ fn id_col<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a FixedSizeBinaryArray
         .ok_or_else(|| Error::Task(format!("samples without {name}")))
 }
 
+/// The ids of column `name` of `b`, in place; `None` when it has none.
+fn ids_in<'a>(b: &'a RecordBatch, name: &str) -> Option<&'a [[u8; 16]]> {
+    id_col(b, name).ok().and_then(fathom_block::id_values)
+}
+
 /// What a [`merge`] left out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MergeStats {
@@ -633,10 +638,7 @@ impl NewRows {
         };
         for b in batches {
             let b = b?;
-            let Some(pid) = id_col(&b, columns::PROFILE_ID)
-                .ok()
-                .and_then(fathom_block::id_values)
-            else {
+            let Some(pid) = ids_in(&b, columns::PROFILE_ID) else {
                 return Ok(false);
             };
             for id in pid {
@@ -664,10 +666,7 @@ impl NewRows {
 fn stacks_held(file: &SampleFile, symbols: &Symbols) -> Result<bool, Error> {
     for b in file.columns(&[columns::STACK_ID])? {
         let b = b?;
-        let Some(stacks) = id_col(&b, columns::STACK_ID)
-            .ok()
-            .and_then(fathom_block::id_values)
-        else {
+        let Some(stacks) = ids_in(&b, columns::STACK_ID) else {
             return Ok(false);
         };
         let mut last: Option<&[u8; 16]> = None;
