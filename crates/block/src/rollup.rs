@@ -126,8 +126,12 @@ impl Builder {
         let mut widths: Vec<i64> = widths.iter().copied().filter(|w| *w > 0).collect();
         widths.sort_unstable();
         widths.dedup();
+        let mut open: Vec<Buckets> = widths.iter().map(|&w| Buckets::new(w)).collect();
+        for i in 1..open.len() {
+            open[i].nested = widths[i] % widths[i - 1] == 0;
+        }
         Builder {
-            open: widths.iter().map(|&w| Buckets::new(w)).collect(),
+            open,
             widths,
             current: None,
             out: Out::new(),
@@ -161,7 +165,7 @@ impl Builder {
                 self.out.series(&done, &mut self.open)?;
             }
             let st = Id(*st);
-            for b in &mut self.open {
+            for b in self.open.iter_mut().filter(|b| !b.nested) {
                 b.add(t, st, v);
             }
         }
@@ -196,6 +200,11 @@ fn key_columns(b: &RecordBatch) -> Option<KeyColumns<'_>> {
 /// bucket by stack, and the closed buckets' rows (start, stack, total).
 struct Buckets {
     width: i64,
+    /// The next finer width divides this one (as an hour divides a day):
+    /// each of its buckets lies in one of this width's, so this width
+    /// sums that width's closed rows when the series ends instead of
+    /// every sample row (a row's stack looked up once, not once a width).
+    nested: bool,
     start: Option<i64>,
     /// The open bucket's times, `[start, start + width)`, when it has
     /// them: a row inside needs no division to find its bucket (a
@@ -209,6 +218,7 @@ impl Buckets {
     fn new(width: i64) -> Self {
         Buckets {
             width,
+            nested: false,
             start: None,
             range: None,
             totals: IdMap::default(),
@@ -267,8 +277,24 @@ impl Out {
     /// Appends the rows of series `sid`, width by width, and empties
     /// `open` for the next series.
     fn series(&mut self, sid: &[u8], open: &mut [Buckets]) -> Result<()> {
-        for b in open {
+        // Finest first: a nested width sums the closed rows of the width
+        // before it (in time order, so its buckets close in order). A
+        // bucket's start falls in the coarser bucket of all its times,
+        // and the bucket below `i64::MIN` (keyed at it) in the coarser
+        // bucket that `i64::MIN` names, the one its times fall in.
+        for i in 0..open.len() {
+            let (finer, rest) = open.split_at_mut(i);
+            let Some(b) = rest.first_mut() else { break };
+            if let Some(finer) = finer.last()
+                && b.nested
+            {
+                for &(start, st, v) in &finer.closed {
+                    b.add(start, st, v);
+                }
+            }
             b.close();
+        }
+        for b in open {
             for (start, st, v) in b.closed.drain(..) {
                 self.series.append_value(sid)?;
                 self.width.append_value(b.width);
@@ -369,7 +395,9 @@ mod tests {
 
     /// Rows at the ends of time (a bucket below `i64::MIN`, a bucket
     /// whose end is past `i64::MAX`) fall in the buckets `bucket_start`
-    /// names, found without dividing for rows inside the open bucket.
+    /// names, found without dividing for rows inside the open bucket; a
+    /// width that the next finer one divides (summed from its buckets)
+    /// and one it does not (summed from the rows) give the same totals.
     #[test]
     fn buckets_at_the_ends_of_time() {
         let id = |n: u8| fathom_model::Id([n; 16]);
@@ -381,6 +409,7 @@ mod tests {
             -1,
             0,
             1,
+            3,
             HOUR_NANOS,
             i64::MAX - 7,
             i64::MAX - 1,
@@ -390,27 +419,29 @@ mod tests {
         for (i, t) in times.iter().enumerate() {
             b.push(&id(1), *t, &id(9), &id((i % 2) as u8), i as i64 + 1);
         }
-        let widths = [3, HOUR_NANOS, DAY_NANOS];
-        let got = build(&[b.finish()], &widths).unwrap();
-        let mut want = std::collections::BTreeMap::new();
-        for (i, &t) in times.iter().enumerate() {
-            for w in widths {
-                let start = bucket_start(t, w).unwrap_or(i64::MIN);
-                *want.entry((w, start, (i % 2) as u8)).or_insert(0i64) += i as i64 + 1;
+        let batch = b.finish();
+        for widths in [vec![3, HOUR_NANOS, DAY_NANOS], vec![2, 3, 6, HOUR_NANOS]] {
+            let got = build(std::slice::from_ref(&batch), &widths).unwrap();
+            let mut want = std::collections::BTreeMap::new();
+            for (i, &t) in times.iter().enumerate() {
+                for &w in &widths {
+                    let start = bucket_start(t, w).unwrap_or(i64::MIN);
+                    *want.entry((w, start, (i % 2) as u8)).or_insert(0i64) += i as i64 + 1;
+                }
             }
+            let col = |i: usize| got.column(i).as_any();
+            let width = col(1).downcast_ref::<Int64Array>().unwrap();
+            let start = col(2).downcast_ref::<Int64Array>().unwrap();
+            let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+            let value = col(4).downcast_ref::<Int64Array>().unwrap();
+            let rows: Vec<((i64, i64, u8), i64)> = (0..got.num_rows())
+                .map(|i| {
+                    let key = (width.value(i), start.value(i), stack.value(i)[0]);
+                    (key, value.value(i))
+                })
+                .collect();
+            assert_eq!(rows, want.into_iter().collect::<Vec<_>>(), "{widths:?}");
         }
-        let col = |i: usize| got.column(i).as_any();
-        let width = col(1).downcast_ref::<Int64Array>().unwrap();
-        let start = col(2).downcast_ref::<Int64Array>().unwrap();
-        let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
-        let value = col(4).downcast_ref::<Int64Array>().unwrap();
-        let rows: Vec<((i64, i64, u8), i64)> = (0..got.num_rows())
-            .map(|i| {
-                let key = (width.value(i), start.value(i), stack.value(i)[0]);
-                (key, value.value(i))
-            })
-            .collect();
-        assert_eq!(rows, want.into_iter().collect::<Vec<_>>());
     }
 
     #[test]
