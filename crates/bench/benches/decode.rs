@@ -227,18 +227,19 @@ fn compact(c: &mut Criterion) {
         stored += samples;
         metas.push(meta);
     }
-    let compacted = || {
+    // A job of `level`'s blocks writes the rollups of that level's
+    // window: hours at level 0, hours and days at level 1.
+    let compacted = |level: u32| {
         let mut m = rt
             .block_on(fathom_compactor::merge(&store, &metas))
             .expect("merge");
-        // The rollups a compaction of level-0 blocks writes (hours).
         m.data.rollup_widths_nanos =
-            fathom_compactor::rollup_widths(&fathom_compactor::Config::default().windows, 0);
+            fathom_compactor::rollup_widths(&fathom_compactor::Config::default().windows, level);
         let merged = m.stats;
         let (meta, _) = m.encode().expect("encode merged");
         (meta, merged)
     };
-    let (meta, merged) = compacted();
+    let (meta, merged) = compacted(0);
     println!(
         "info: compaction of {REPLICAS} replicas' blocks: {stored} samples in, {} out ({} bytes), {} duplicate profiles, {} of their sample rows and {} sources' symbol tables not read",
         meta.stats.samples,
@@ -250,7 +251,11 @@ fn compact(c: &mut Criterion) {
     let mut g = c.benchmark_group("compactor");
     g.throughput(Throughput::Elements(meta.stats.samples));
     g.sample_size(10);
-    g.bench_function("merge_replicas", |b| b.iter(|| compacted().0.stats.bytes));
+    g.bench_function("merge_replicas", |b| b.iter(|| compacted(0).0.stats.bytes));
+    // The same merge as a level-1 job: hour and day rollups.
+    g.bench_function("merge_replicas_day", |b| {
+        b.iter(|| compacted(1).0.stats.bytes)
+    });
     g.finish();
 }
 

@@ -210,7 +210,21 @@ struct Buckets {
     /// them: a row inside needs no division to find its bucket (a
     /// series' rows come in time order, most of them in the open bucket).
     range: Option<(i64, i64)>,
-    totals: IdMap<i64>,
+    /// The open bucket's slot of each stack, and each slot's stack and
+    /// total.
+    slots: IdMap<u32>,
+    stacks: Vec<Id>,
+    totals: Vec<i64>,
+    /// The open bucket's runs of ascending stacks (a profile's rows),
+    /// as (stack as a big-endian number, slot): the run before and the
+    /// one being added. A series' profiles mostly repeat each other's
+    /// stacks, so a row finds its stack's slot by walking the run
+    /// before alongside its own, in order, and looks it up in `slots`
+    /// only when that run did not have it.
+    before: Vec<(u128, u32)>,
+    run: Vec<(u128, u32)>,
+    /// Where in `before` the walk is.
+    at: usize,
     closed: Vec<(i64, Id, i64)>,
 }
 
@@ -221,7 +235,12 @@ impl Buckets {
             nested: false,
             start: None,
             range: None,
-            totals: IdMap::default(),
+            slots: IdMap::default(),
+            stacks: Vec::new(),
+            totals: Vec::new(),
+            before: Vec::new(),
+            run: Vec::new(),
+            at: 0,
             closed: Vec::new(),
         }
     }
@@ -238,18 +257,59 @@ impl Buckets {
             }
             self.range = b.and_then(|from| Some((from, from.checked_add(self.width)?)));
         }
-        let e = self.totals.entry(stack).or_insert(0);
+        let slot = self.slot(stack);
+        let e = &mut self.totals[slot as usize];
         // Wrapping like the raw merge's SUM, so both agree.
         *e = e.wrapping_add(value);
+    }
+
+    /// The open bucket's slot of `stack`, a new one if it has none.
+    fn slot(&mut self, stack: Id) -> u32 {
+        let key = u128::from_be_bytes(stack.0);
+        if self.run.last().is_some_and(|&(last, _)| last >= key) {
+            // Not above the last stack: another run begins.
+            std::mem::swap(&mut self.before, &mut self.run);
+            self.run.clear();
+            self.at = 0;
+        }
+        while self.before.get(self.at).is_some_and(|&(k, _)| k < key) {
+            self.at += 1;
+        }
+        let slot = match self.before.get(self.at) {
+            Some(&(k, slot)) if k == key => slot,
+            _ => {
+                let next = self.stacks.len() as u32;
+                let slot = *self.slots.entry(stack).or_insert(next);
+                if slot == next {
+                    self.stacks.push(stack);
+                    self.totals.push(0);
+                }
+                slot
+            }
+        };
+        self.run.push((key, slot));
+        slot
     }
 
     /// Moves the open bucket's totals, by stack, to the closed rows.
     fn close(&mut self) {
         self.range = None;
-        let Some(b) = self.start.take() else { return };
+        self.slots.clear();
+        self.before.clear();
+        self.run.clear();
+        self.at = 0;
+        let Some(b) = self.start.take() else {
+            self.stacks.clear();
+            self.totals.clear();
+            return;
+        };
         let first = self.closed.len();
-        self.closed
-            .extend(self.totals.drain().map(|(st, v)| (b, st, v)));
+        self.closed.extend(
+            self.stacks
+                .drain(..)
+                .zip(self.totals.drain(..))
+                .map(|(st, v)| (b, st, v)),
+        );
         self.closed[first..].sort_unstable();
     }
 }
@@ -391,6 +451,77 @@ mod tests {
             })
             .collect();
         assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+    }
+
+    /// Profiles whose stacks the one before has in part, in full, in
+    /// another order or twice: each stack's total is the sum of its
+    /// rows, found through the run before or the map alike.
+    #[test]
+    fn runs_of_stacks_sum_like_rows() {
+        let h = HOUR_NANOS;
+        let mut seed = 7u64;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let mut b = crate::SamplesBuilder::with_capacity(0);
+        let mut want = std::collections::BTreeMap::new();
+        let mut t = 0;
+        for series in 1..=2u8 {
+            for profile in 0..60u8 {
+                t += h / 5;
+                let mut stacks: Vec<u8> = (0..24).filter(|_| next(3) > 0).collect();
+                match profile % 5 {
+                    // Out of order: runs of one or two stacks.
+                    3 => stacks.reverse(),
+                    // A stack twice in a row (it ends the run).
+                    4 => stacks.extend(stacks.last().copied()),
+                    _ => {}
+                }
+                for st in stacks {
+                    // Big-endian order differs from the first byte's.
+                    let mut stack = [st; 16];
+                    stack[15] = 255 - st;
+                    let v = next(100) as i64 + 1;
+                    b.push(&Id([series; 16]), t, &Id([profile; 16]), &Id(stack), v);
+                    for w in [h, DAY_NANOS] {
+                        *want
+                            .entry(([series; 16], w, bucket_start(t, w).unwrap(), stack))
+                            .or_insert(0i64) += v;
+                    }
+                }
+            }
+        }
+        let batch = b.finish();
+        let got = build(
+            &[
+                batch.slice(0, 500),
+                batch.slice(500, batch.num_rows() - 500),
+            ],
+            &[h, DAY_NANOS],
+        )
+        .unwrap();
+        let col = |i: usize| got.column(i).as_any();
+        let series = col(0).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+        let width = col(1).downcast_ref::<Int64Array>().unwrap();
+        let start = col(2).downcast_ref::<Int64Array>().unwrap();
+        let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+        let value = col(4).downcast_ref::<Int64Array>().unwrap();
+        let got: std::collections::BTreeMap<_, _> = (0..got.num_rows())
+            .map(|i| {
+                let key: ([u8; 16], i64, i64, [u8; 16]) = (
+                    series.value(i).try_into().unwrap(),
+                    width.value(i),
+                    start.value(i),
+                    stack.value(i).try_into().unwrap(),
+                );
+                (key, value.value(i))
+            })
+            .collect();
+        assert!(got.len() > 300, "{} rollup rows", got.len());
+        assert_eq!(got, want);
     }
 
     /// Rows at the ends of time (a bucket below `i64::MIN`, a bucket
