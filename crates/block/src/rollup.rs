@@ -100,7 +100,16 @@ impl Cover {
 /// `widths`, in `rollup_schema` order.
 #[cfg(test)]
 pub(crate) fn build(batches: &[RecordBatch], widths: &[i64]) -> Result<RecordBatch> {
+    build_with(batches, widths, Limits::default())
+}
+
+/// [`build`] with `limits` (small ones in tests, to change ways often).
+#[cfg(test)]
+fn build_with(batches: &[RecordBatch], widths: &[i64], limits: Limits) -> Result<RecordBatch> {
     let mut b = Builder::new(widths);
+    for o in &mut b.open {
+        o.limits = limits;
+    }
     for batch in batches {
         b.push(batch)?;
     }
@@ -196,6 +205,30 @@ fn key_columns(b: &RecordBatch) -> Option<KeyColumns<'_>> {
     (cols.1.len() == n && cols.2.len() == n && cols.3.len() == n).then_some(cols)
 }
 
+/// When a bucket's stacks are summed by sorting instead of in a map.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// Distinct stacks beyond which the map is left for sorting: a map
+    /// this size stays in the caches (about 30 ns a row on the
+    /// benchmark machine), a larger one misses them on most rows (about
+    /// 210 ns a row with 120,000 stacks), where sorting the rows costs
+    /// 60-75 ns a row at any size (docs/benchmarks.md, "Issue 13,
+    /// forty-eighth session").
+    map_stacks: usize,
+    /// Rows gathered before they are sorted and folded into the sorted
+    /// totals: the memory a width's bucket holds beyond its totals.
+    fold_rows: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            map_stacks: 1 << 15,
+            fold_rows: 1 << 18,
+        }
+    }
+}
+
 /// One width's buckets of the current series: the totals of the open
 /// bucket by stack, and the closed buckets' rows (start, stack, total).
 struct Buckets {
@@ -225,6 +258,13 @@ struct Buckets {
     run: Vec<(u128, u32)>,
     /// Where in `before` the walk is.
     at: usize,
+    /// Past [`Limits::map_stacks`], the open bucket's totals by stack
+    /// (a big-endian number), sorted, one a stack; `rows` the rows
+    /// since they were last folded in, each (stack, value).
+    by_sort: bool,
+    sorted: Vec<(u128, i64)>,
+    rows: Vec<(u128, i64)>,
+    limits: Limits,
     closed: Vec<(i64, Id, i64)>,
 }
 
@@ -241,6 +281,10 @@ impl Buckets {
             before: Vec::new(),
             run: Vec::new(),
             at: 0,
+            by_sort: false,
+            sorted: Vec::new(),
+            rows: Vec::new(),
+            limits: Limits::default(),
             closed: Vec::new(),
         }
     }
@@ -257,10 +301,61 @@ impl Buckets {
             }
             self.range = b.and_then(|from| Some((from, from.checked_add(self.width)?)));
         }
+        if self.by_sort {
+            self.rows.push((u128::from_be_bytes(stack.0), value));
+            if self.rows.len() >= self.limits.fold_rows {
+                self.fold();
+            }
+            return;
+        }
         let slot = self.slot(stack);
         let e = &mut self.totals[slot as usize];
         // Wrapping like the raw merge's SUM, so both agree.
         *e = e.wrapping_add(value);
+        if self.stacks.len() > self.limits.map_stacks {
+            self.leave_map();
+        }
+    }
+
+    /// Moves the open bucket's totals from the map to the sorted ones.
+    fn leave_map(&mut self) {
+        self.slots.clear();
+        self.before.clear();
+        self.run.clear();
+        self.at = 0;
+        self.sorted.clear();
+        self.sorted.extend(
+            self.stacks
+                .drain(..)
+                .zip(self.totals.drain(..))
+                .map(|(st, v)| (u128::from_be_bytes(st.0), v)),
+        );
+        self.sorted.sort_unstable_by_key(|r| r.0);
+        self.by_sort = true;
+    }
+
+    /// Sorts the gathered rows and sums them into the sorted totals. A
+    /// profile's rows come sorted by stack: the stable sort merges such
+    /// runs.
+    fn fold(&mut self) {
+        self.rows.sort_by_key(|r| r.0);
+        let mut out: Vec<(u128, i64)> = Vec::with_capacity(self.sorted.len() + self.rows.len() / 4);
+        let mut old = self.sorted.iter().copied().peekable();
+        for &(k, v) in &self.rows {
+            while let Some(o) = old.next_if(|o| o.0 < k) {
+                out.push(o);
+            }
+            match out.last_mut() {
+                Some(last) if last.0 == k => last.1 = last.1.wrapping_add(v),
+                _ => {
+                    let before = old.next_if(|o| o.0 == k).map_or(0, |o| o.1);
+                    out.push((k, before.wrapping_add(v)));
+                }
+            }
+        }
+        out.extend(old);
+        self.sorted = out;
+        self.rows.clear();
     }
 
     /// The open bucket's slot of `stack`, a new one if it has none.
@@ -294,6 +389,17 @@ impl Buckets {
     /// Moves the open bucket's totals, by stack, to the closed rows.
     fn close(&mut self) {
         self.range = None;
+        if std::mem::take(&mut self.by_sort) {
+            self.fold();
+            // In stack order already.
+            let b = self.start.take().unwrap_or(i64::MIN);
+            self.closed.extend(
+                self.sorted
+                    .drain(..)
+                    .map(|(k, v)| (b, Id(k.to_be_bytes()), v)),
+            );
+            return;
+        }
         self.slots.clear();
         self.before.clear();
         self.run.clear();
@@ -455,7 +561,8 @@ mod tests {
 
     /// Profiles whose stacks the one before has in part, in full, in
     /// another order or twice: each stack's total is the sum of its
-    /// rows, found through the run before or the map alike.
+    /// rows, found through the run before, the map or by sorting alike
+    /// (small limits: the map left early, rows folded in often).
     #[test]
     fn runs_of_stacks_sum_like_rows() {
         let h = HOUR_NANOS;
@@ -495,33 +602,46 @@ mod tests {
             }
         }
         let batch = b.finish();
-        let got = build(
-            &[
+        let small = [
+            Limits::default(),
+            Limits {
+                map_stacks: 5,
+                fold_rows: 7,
+            },
+            Limits {
+                map_stacks: 0,
+                fold_rows: 1,
+            },
+        ];
+        for limits in small {
+            let parts = [
                 batch.slice(0, 500),
                 batch.slice(500, batch.num_rows() - 500),
-            ],
-            &[h, DAY_NANOS],
-        )
-        .unwrap();
-        let col = |i: usize| got.column(i).as_any();
-        let series = col(0).downcast_ref::<FixedSizeBinaryArray>().unwrap();
-        let width = col(1).downcast_ref::<Int64Array>().unwrap();
-        let start = col(2).downcast_ref::<Int64Array>().unwrap();
-        let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
-        let value = col(4).downcast_ref::<Int64Array>().unwrap();
-        let got: std::collections::BTreeMap<_, _> = (0..got.num_rows())
-            .map(|i| {
-                let key: ([u8; 16], i64, i64, [u8; 16]) = (
-                    series.value(i).try_into().unwrap(),
-                    width.value(i),
-                    start.value(i),
-                    stack.value(i).try_into().unwrap(),
-                );
-                (key, value.value(i))
-            })
-            .collect();
-        assert!(got.len() > 300, "{} rollup rows", got.len());
-        assert_eq!(got, want);
+            ];
+            let got = build_with(&parts, &[h, DAY_NANOS], limits).unwrap();
+            let col = |i: usize| got.column(i).as_any();
+            let series = col(0).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+            let width = col(1).downcast_ref::<Int64Array>().unwrap();
+            let start = col(2).downcast_ref::<Int64Array>().unwrap();
+            let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+            let value = col(4).downcast_ref::<Int64Array>().unwrap();
+            let keys: Vec<_> = (0..got.num_rows())
+                .map(|i| -> ([u8; 16], i64, i64, [u8; 16]) {
+                    (
+                        series.value(i).try_into().unwrap(),
+                        width.value(i),
+                        start.value(i),
+                        stack.value(i).try_into().unwrap(),
+                    )
+                })
+                .collect();
+            // Rows come in order: series, width, bucket, stack.
+            assert!(keys.windows(2).all(|w| w[0] < w[1]), "{limits:?}");
+            let got: std::collections::BTreeMap<_, _> =
+                keys.into_iter().zip(value.iter().flatten()).collect();
+            assert!(got.len() > 300, "{} rollup rows", got.len());
+            assert_eq!(got, want, "{limits:?}");
+        }
     }
 
     /// Rows at the ends of time (a bucket below `i64::MIN`, a bucket
@@ -552,7 +672,13 @@ mod tests {
         }
         let batch = b.finish();
         for widths in [vec![3, HOUR_NANOS, DAY_NANOS], vec![2, 3, 6, HOUR_NANOS]] {
+            let limits = Limits {
+                map_stacks: 1,
+                fold_rows: 2,
+            };
             let got = build(std::slice::from_ref(&batch), &widths).unwrap();
+            let by_sort = build_with(std::slice::from_ref(&batch), &widths, limits).unwrap();
+            assert_eq!(by_sort, got);
             let mut want = std::collections::BTreeMap::new();
             for (i, &t) in times.iter().enumerate() {
                 for &w in &widths {
