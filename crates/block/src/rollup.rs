@@ -489,6 +489,30 @@ mod tests {
     use super::*;
     use arrow::array::FixedSizeBinaryArray;
 
+    /// (series, width, bucket start, stack)
+    type Key = ([u8; 16], i64, i64, [u8; 16]);
+
+    /// A rollup's rows in order, each its key and value.
+    fn keyed_rows(rollup: &RecordBatch) -> Vec<(Key, i64)> {
+        let col = |i: usize| rollup.column(i).as_any();
+        let series = col(0).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+        let width = col(1).downcast_ref::<Int64Array>().unwrap();
+        let start = col(2).downcast_ref::<Int64Array>().unwrap();
+        let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
+        let value = col(4).downcast_ref::<Int64Array>().unwrap();
+        (0..rollup.num_rows())
+            .map(|i| {
+                let key = (
+                    series.value(i).try_into().unwrap(),
+                    width.value(i),
+                    start.value(i),
+                    stack.value(i).try_into().unwrap(),
+                );
+                (key, value.value(i))
+            })
+            .collect()
+    }
+
     /// A rollup of rows cut into batches anywhere (inside a series, inside
     /// a bucket) is the rollup of the same rows in one batch, and each of
     /// its rows is the total of its series, bucket and stack.
@@ -529,8 +553,6 @@ mod tests {
             let parts = [one.slice(0, c), one.slice(c, rows.len() - c)];
             assert_eq!(build(&parts, &[DAY_NANOS, h]).unwrap(), whole);
         }
-        // (series, width, bucket start, stack)
-        type Key = ([u8; 16], i64, i64, [u8; 16]);
         let mut want: BTreeMap<Key, i64> = BTreeMap::new();
         for &(s, t, st, v) in &rows {
             for w in [h, DAY_NANOS] {
@@ -539,23 +561,7 @@ mod tests {
                     .or_default() += v;
             }
         }
-        let col = |i: usize| whole.column(i).as_any();
-        let series = col(0).downcast_ref::<FixedSizeBinaryArray>().unwrap();
-        let width = col(1).downcast_ref::<Int64Array>().unwrap();
-        let start = col(2).downcast_ref::<Int64Array>().unwrap();
-        let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
-        let value = col(4).downcast_ref::<Int64Array>().unwrap();
-        let got: Vec<(Key, i64)> = (0..whole.num_rows())
-            .map(|i| {
-                let key = (
-                    series.value(i).try_into().unwrap(),
-                    width.value(i),
-                    start.value(i),
-                    stack.value(i).try_into().unwrap(),
-                );
-                (key, value.value(i))
-            })
-            .collect();
+        let got = keyed_rows(&whole);
         assert_eq!(got, want.into_iter().collect::<Vec<_>>());
     }
 
@@ -619,26 +625,11 @@ mod tests {
                 batch.slice(500, batch.num_rows() - 500),
             ];
             let got = build_with(&parts, &[h, DAY_NANOS], limits).unwrap();
-            let col = |i: usize| got.column(i).as_any();
-            let series = col(0).downcast_ref::<FixedSizeBinaryArray>().unwrap();
-            let width = col(1).downcast_ref::<Int64Array>().unwrap();
-            let start = col(2).downcast_ref::<Int64Array>().unwrap();
-            let stack = col(3).downcast_ref::<FixedSizeBinaryArray>().unwrap();
-            let value = col(4).downcast_ref::<Int64Array>().unwrap();
-            let keys: Vec<_> = (0..got.num_rows())
-                .map(|i| -> ([u8; 16], i64, i64, [u8; 16]) {
-                    (
-                        series.value(i).try_into().unwrap(),
-                        width.value(i),
-                        start.value(i),
-                        stack.value(i).try_into().unwrap(),
-                    )
-                })
-                .collect();
+            let rows = keyed_rows(&got);
+            let keys: Vec<Key> = rows.iter().map(|r| r.0).collect();
             // Rows come in order: series, width, bucket, stack.
             assert!(keys.windows(2).all(|w| w[0] < w[1]), "{limits:?}");
-            let got: std::collections::BTreeMap<_, _> =
-                keys.into_iter().zip(value.iter().flatten()).collect();
+            let got: std::collections::BTreeMap<_, _> = rows.into_iter().collect();
             assert!(got.len() > 300, "{} rollup rows", got.len());
             assert_eq!(got, want, "{limits:?}");
         }
