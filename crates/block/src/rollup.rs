@@ -389,16 +389,9 @@ impl Buckets {
     /// Moves the open bucket's totals, by stack, to the closed rows.
     fn close(&mut self) {
         self.range = None;
-        if std::mem::take(&mut self.by_sort) {
+        let by_sort = std::mem::take(&mut self.by_sort);
+        if by_sort {
             self.fold();
-            // In stack order already.
-            let b = self.start.take().unwrap_or(i64::MIN);
-            self.closed.extend(
-                self.sorted
-                    .drain(..)
-                    .map(|(k, v)| (b, Id(k.to_be_bytes()), v)),
-            );
-            return;
         }
         self.slots.clear();
         self.before.clear();
@@ -407,8 +400,16 @@ impl Buckets {
         let Some(b) = self.start.take() else {
             self.stacks.clear();
             self.totals.clear();
+            self.sorted.clear();
             return;
         };
+        if by_sort {
+            // In stack order already.
+            let rows = self.sorted.drain(..);
+            self.closed
+                .extend(rows.map(|(k, v)| (b, Id(k.to_be_bytes()), v)));
+            return;
+        }
         let first = self.closed.len();
         self.closed.extend(
             self.stacks
